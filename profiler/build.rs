@@ -1,0 +1,49 @@
+//! Builds profiler-ebpf for the BPF target and leaves the object in OUT_DIR, where `probes`
+//! embeds it. The toolchain is `DMAPROF_BPF_TOOLCHAIN` if set, else Debian's rustc linked into
+//! rustup as `debian` (what `cargo xtask setup` prepares), else `nightly` (a developer laptop
+//! with rust-src).
+use std::{env, process::Command};
+
+use anyhow::{Context as _, anyhow};
+
+fn toolchain_works(name: &str) -> bool {
+    Command::new("rustup")
+        .args(["run", name, "rustc", "--version"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+fn main() -> anyhow::Result<()> {
+    println!("cargo:rerun-if-env-changed=DMAPROF_BPF_TOOLCHAIN");
+    let toolchain = match env::var("DMAPROF_BPF_TOOLCHAIN") {
+        Ok(t) if !t.is_empty() => t,
+        _ if toolchain_works("debian") => "debian".to_owned(),
+        _ => "nightly".to_owned(),
+    };
+    if toolchain != "nightly" && env::var_os("RUSTC_BOOTSTRAP").is_none() {
+        // A stable rustc (Debian's) accepts `-Z build-std` only with RUSTC_BOOTSTRAP; aya-build
+        // reads it from our environment and passes it on to the inner cargo.
+        // SAFETY: build scripts are single-threaded at this point; nothing reads env concurrently.
+        unsafe { env::set_var("RUSTC_BOOTSTRAP", "1") };
+    }
+    if which_bpf_linker().is_none() {
+        return Err(anyhow!(
+            "bpf-linker not found in PATH or ~/.cargo/bin: run `cargo xtask setup` (it installs it)"
+        ));
+    }
+    let package = aya_build::Package {
+        name: "profiler-ebpf",
+        root_dir: concat!(env!("CARGO_MANIFEST_DIR"), "/../profiler-ebpf"),
+        ..Default::default()
+    };
+    aya_build::build_ebpf([package], aya_build::Toolchain::Custom(&toolchain))
+        .with_context(|| format!("building the BPF object with toolchain `{toolchain}` (run `cargo xtask setup` to install it)"))
+}
+
+fn which_bpf_linker() -> Option<std::path::PathBuf> {
+    let path = env::var_os("PATH").unwrap_or_default();
+    env::split_paths(&path)
+        .chain(env::var_os("CARGO_HOME").map(|h| std::path::PathBuf::from(h).join("bin")))
+        .map(|d| d.join("bpf-linker"))
+        .find(|p| p.is_file())
+}

@@ -1,0 +1,72 @@
+//! Building dmaprof and running it (`cargo xtask build`, `cargo xtask run`).
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context as _, Result, bail};
+use clap::Args;
+
+use crate::setup::{ensure_build_deps, run_cmd};
+
+/// Workspace root (xtask lives one level below it).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask sits inside the workspace")
+        .to_path_buf()
+}
+
+/// Builds the release dmaprof for the host and returns its path.
+pub fn build_release() -> Result<PathBuf> {
+    ensure_build_deps()?;
+    run_cmd(
+        Command::new("cargo")
+            .current_dir(workspace_root())
+            .args(["build", "--release", "--package", "profiler", "--bin", "dmaprof"]),
+    )?;
+    Ok(workspace_root().join("target/release/dmaprof"))
+}
+
+/// Builds a fully static dmaprof (for the VM's initramfs) and returns its path.
+pub fn build_static() -> Result<PathBuf> {
+    ensure_build_deps()?;
+    let target = "x86_64-unknown-linux-gnu";
+    run_cmd(
+        Command::new("cargo")
+            .current_dir(workspace_root())
+            .args(["build", "--release", "--package", "profiler", "--bin", "dmaprof", "--target", target])
+            .env("RUSTFLAGS", "-C target-feature=+crt-static"),
+    )?;
+    Ok(workspace_root().join("target").join(target).join("release/dmaprof"))
+}
+
+/// Arguments of `cargo xtask run`.
+#[derive(Args)]
+pub struct RunArgs {
+    /// Run on this host's kernel instead of the built-in VM.
+    #[arg(long)]
+    host: bool,
+    /// Arguments for `dmaprof run` (default: the whole matrix).
+    #[arg(last = true)]
+    args: Vec<String>,
+}
+
+/// `cargo xtask run`: the README's main command.
+pub fn run(args: RunArgs) -> Result<()> {
+    let has_device = args.args.iter().any(|a| a == "-d" || a.starts_with("--device"))
+        || std::env::var_os("VFIO_SELFTESTS_BDF").is_some();
+    if args.host || has_device {
+        let dmaprof = build_release()?;
+        let status = Command::new(&dmaprof)
+            .arg("run")
+            .args(&args.args)
+            .status()
+            .with_context(|| format!("could not start {}", dmaprof.display()))?;
+        if !status.success() {
+            bail!("dmaprof exited with {status}");
+        }
+        return Ok(());
+    }
+    crate::vm::run_default(args.args)
+}

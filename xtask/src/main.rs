@@ -1,0 +1,52 @@
+//! dmaprof's task runner: `cargo xtask <setup|build|run|test|vm|bench>`.
+//!
+//! xtask stays a thin orchestrator: it installs what the build needs (idempotently, saying what it
+//! installs), builds, and runs dmaprof or its tests. Each subcommand lives in its own module.
+mod build;
+mod setup;
+mod test;
+mod vm;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "Build, run and test dmaprof")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Install what building dmaprof needs (Debian packages, bpf-linker, the rustup link to
+    /// Debian's toolchain). Idempotent; prints what it installs.
+    Setup,
+    /// Set up, then build dmaprof (release) with its BPF object embedded.
+    Build,
+    /// Set up, build, then run dmaprof: in the built-in VM by default, on this host with --host.
+    Run(build::RunArgs),
+    /// Set up, build, then run every test (lint, unit, host integration, VM).
+    Test(test::TestArgs),
+    /// Boot the built-in QEMU test bed and run `dmaprof <args>` inside it.
+    Vm(vm::VmArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Setup => setup::ensure_build_deps(),
+        Command::Build => build::build_release().map(|_| ()),
+        Command::Run(args) => build::run(args),
+        Command::Test(args) => test::run(args),
+        Command::Vm(args) => vm::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

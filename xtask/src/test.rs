@@ -1,0 +1,48 @@
+//! `cargo xtask test`: every test the project has, in one command (what `.ci/run` calls).
+use std::process::Command;
+
+use anyhow::Result;
+use clap::Args;
+
+use crate::{
+    build::{build_release, workspace_root},
+    setup::run_cmd,
+};
+
+/// Arguments of `cargo xtask test`.
+#[derive(Args)]
+pub struct TestArgs {
+    /// Skip the VM part of the suite (host tests only).
+    #[arg(long)]
+    no_vm: bool,
+}
+
+/// Runs lint, unit, host integration and VM tests.
+pub fn run(args: TestArgs) -> Result<()> {
+    let root = workspace_root();
+    build_release()?;
+    run_cmd(Command::new("cargo").current_dir(&root).args(["fmt", "--all", "--", "--check"]))?;
+    run_cmd(Command::new("cargo").current_dir(&root).args([
+        "clippy",
+        "--release",
+        "--package",
+        "profiler",
+        "--package",
+        "xtask",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    run_cmd(
+        Command::new("cargo")
+            .current_dir(&root)
+            .args(["test", "--release", "--package", "profiler", "--package", "xtask"])
+            .env("DMAPROF_BIN", root.join("target/release/dmaprof")),
+    )?;
+    if args.no_vm {
+        eprintln!("xtask: SKIP: VM tests (--no-vm given)");
+        return Ok(());
+    }
+    crate::vm::test()
+}
