@@ -1,0 +1,311 @@
+//! The built-in QEMU test bed (see ../shared/notes/vm-testbed.md): boots a guest with a real
+//! VFIO/IOMMUFD kernel, runs `dmaprof <args>` in it and brings its output back to the host.
+//!
+//! - [`kernel`]: which kernel (custom, stock Debian, a user's bzImage), prepared once and cached.
+//! - [`initramfs`]: the guest's root (busybox, modules, dmaprof, `/init`) as a newc cpio.
+//! - [`qemu`]: one boot with a host-side deadline, console checks and the output transfer.
+//! - [`tests`]: the VM part of `cargo xtask test`.
+//!
+//! Everything downloaded or built lives under `$DMAPROF_CACHE` (default `~/.cache/dmaprof`).
+mod apt;
+mod initramfs;
+mod kernel;
+mod qemu;
+mod tests;
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::{Context as _, Result, bail};
+use clap::Args;
+
+use crate::{build::build_static, setup::run_cmd};
+
+/// Arguments of `cargo xtask vm`.
+#[derive(Args)]
+pub struct VmArgs {
+    /// Guest kernel: custom (built once from Debian's newest linux-source-7.x with
+    /// xtask/vm/custom.config; has IOMMUFD), debian-6.12, debian-7.3, debian-6.1 (stock, type1
+    /// only), or a path to a bzImage.
+    #[arg(long, default_value = "custom")]
+    kernel: String,
+    /// With a bzImage: modules to load (an INSTALL_MOD_PATH root or a lib/modules/<kver> dir).
+    #[arg(long)]
+    modules: Option<PathBuf>,
+    /// Guest memory (QEMU -m).
+    #[arg(long, default_value = "2G")]
+    mem: String,
+    /// Guest CPUs.
+    #[arg(long, default_value_t = 2)]
+    smp: u32,
+    /// 1 GiB hugepages to reserve at boot (kernel command line).
+    #[arg(long, default_value_t = 0)]
+    hugepages_1g: u32,
+    /// 2 MiB hugepages to reserve at run time.
+    #[arg(long, default_value_t = 0)]
+    hugepages_2m: u32,
+    /// Host directory for what dmaprof wrote (default: dmaprof-out/vm-<timestamp>).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Host-side limit for the whole boot, in seconds.
+    #[arg(long, default_value_t = 1800)]
+    timeout: u64,
+    /// Testing: run this busybox sh command line in the guest instead of dmaprof.
+    #[arg(long, hide = true)]
+    guest_cmd: Option<String>,
+    /// Testing: extra guest kernel command line.
+    #[arg(long, hide = true, default_value = "")]
+    append: String,
+    /// Arguments for dmaprof inside the guest.
+    #[arg(last = true)]
+    args: Vec<String>,
+}
+
+/// The cache directory: `$DMAPROF_CACHE`, else `$HOME/.cache/dmaprof`.
+pub fn cache_dir() -> Result<PathBuf> {
+    let dir = match std::env::var_os("DMAPROF_CACHE").filter(|v| !v.is_empty()) {
+        Some(d) => PathBuf::from(d),
+        None => {
+            let home = std::env::var_os("HOME")
+                .filter(|v| !v.is_empty())
+                .unwrap_or_else(|| "/root".into());
+            Path::new(&home).join(".cache/dmaprof")
+        }
+    };
+    fs::create_dir_all(&dir).with_context(|| format!("creating the cache {}", dir.display()))?;
+    Ok(dir)
+}
+
+/// What runs in the guest.
+enum Payload {
+    /// `dmaprof <args>`.
+    Dmaprof(Vec<String>),
+    /// A busybox sh command line (tests).
+    Shell(String),
+}
+
+/// One guest run, fully described.
+struct Plan<'a> {
+    kernel: &'a kernel::Kernel,
+    dmaprof: Option<&'a Path>,
+    payload: Payload,
+    mem: &'a str,
+    smp: u32,
+    hugepages_1g: u32,
+    hugepages_2m: u32,
+    append: &'a str,
+    timeout: Duration,
+    echo: bool,
+}
+
+/// The guest directory dmaprof writes to: the value of `-o`/`--out` in `args`.
+fn out_option(args: &[String]) -> Option<String> {
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if a == "--" {
+            break;
+        }
+        if a == "-o" || a == "--out" {
+            return it.next().cloned();
+        }
+        if let Some(v) = a.strip_prefix("--out=") {
+            return Some(v.to_owned());
+        }
+        if let Some(v) = a
+            .strip_prefix("-o")
+            .filter(|v| !v.is_empty() && !a.starts_with("--"))
+        {
+            return Some(v.to_owned());
+        }
+    }
+    None
+}
+
+/// `dmaprof run` without `-o` gets `-o /out`; returns the args and the guest output dir.
+fn guest_args(mut args: Vec<String>) -> (Vec<String>, String) {
+    match out_option(&args) {
+        Some(dir) => (args, dir),
+        None => {
+            if args.first().is_some_and(|a| a == "run") {
+                args.splice(1..1, ["-o".to_owned(), "/out".to_owned()]);
+            }
+            (args, "/out".to_owned())
+        }
+    }
+}
+
+/// Boots the guest once (with one retry on an Oops); the work dir is removed afterwards.
+fn execute(plan: Plan) -> std::result::Result<qemu::Outcome, qemu::BootError> {
+    let setup_err = |e: anyhow::Error| qemu::BootError {
+        kind: qemu::FailKind::NoExitMarker,
+        message: format!("{e:#}"),
+    };
+    let cache = cache_dir().map_err(setup_err)?;
+    let work = cache
+        .join("run")
+        .join(format!("{}-{}", std::process::id(), nanos()));
+    fs::create_dir_all(&work).map_err(|e| setup_err(e.into()))?;
+    let (payload, out_dir) = match plan.payload {
+        Payload::Dmaprof(args) => {
+            let (args, out) = guest_args(args);
+            let quoted: Vec<String> = args.iter().map(|a| initramfs::sh_quote(a)).collect();
+            (format!("/bin/dmaprof {}", quoted.join(" ")), out)
+        }
+        Payload::Shell(cmd) => (cmd, "/out".to_owned()),
+    };
+    let initrd = work.join("initramfs.cpio");
+    let guest = initramfs::Guest {
+        dmaprof: plan.dmaprof,
+        modules: &plan.kernel.modules,
+        payload,
+        out_dir,
+        hugepages_2m: plan.hugepages_2m,
+    };
+    initramfs::write(&initrd, &guest).map_err(setup_err)?;
+    let boot = qemu::Boot {
+        kernel: &plan.kernel.image,
+        initrd: &initrd,
+        mem: plan.mem,
+        smp: plan.smp,
+        hugepages_1g: plan.hugepages_1g,
+        append: plan.append,
+        timeout: plan.timeout,
+        echo: plan.echo,
+        data_file: work.join("ttyS1.out"),
+    };
+    let result = qemu::boot_with_retry(&boot);
+    fs::remove_dir_all(&work).ok();
+    result
+}
+
+fn nanos() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
+}
+
+/// UTC `YYYYMMDD-HHMMSS` for output directory names.
+fn timestamp() -> String {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs()) as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+/// Unpacks a shipped output archive into `dir`.
+fn unpack_archive(archive: &[u8], dir: &Path) -> Result<()> {
+    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let tgz = dir.join(".dmaprof-vm-out.tgz");
+    fs::write(&tgz, archive)?;
+    let r = run_cmd(
+        Command::new("tar")
+            .arg("-xzf")
+            .arg(&tgz)
+            .arg("--no-same-owner")
+            .arg("-C")
+            .arg(dir),
+    );
+    fs::remove_file(&tgz).ok();
+    r
+}
+
+/// `cargo xtask vm`.
+pub fn run(args: VmArgs) -> Result<()> {
+    let choice = kernel::Choice::parse(&args.kernel)?;
+    if args.modules.is_some() && !matches!(choice, kernel::Choice::User { .. }) {
+        bail!("--modules goes with --kernel <path to a bzImage>");
+    }
+    kernel::ensure_vm_packages()?;
+    let dmaprof = match &args.guest_cmd {
+        Some(_) => None,
+        None => Some(build_static()?),
+    };
+    let cache = cache_dir()?;
+    let kernel = kernel::prepare(&choice, args.modules.as_deref(), &cache)?;
+    let payload = match args.guest_cmd {
+        Some(cmd) => Payload::Shell(cmd),
+        None => Payload::Dmaprof(args.args),
+    };
+    eprintln!(
+        "xtask: booting {} ({} RAM, {} CPUs, TCG; timeout {}s)",
+        kernel.label, args.mem, args.smp, args.timeout
+    );
+    let outcome = execute(Plan {
+        kernel: &kernel,
+        dmaprof: dmaprof.as_deref(),
+        payload,
+        mem: &args.mem,
+        smp: args.smp,
+        hugepages_1g: args.hugepages_1g,
+        hugepages_2m: args.hugepages_2m,
+        append: &args.append,
+        timeout: Duration::from_secs(args.timeout),
+        echo: true,
+    })?;
+    if let Some(archive) = &outcome.archive {
+        let out = args
+            .out
+            .unwrap_or_else(|| Path::new("dmaprof-out").join(format!("vm-{}", timestamp())));
+        unpack_archive(archive, &out)?;
+        let shown = fs::canonicalize(&out).unwrap_or(out);
+        eprintln!("xtask: the guest's output is in {}", shown.display());
+        let report = shown.join("report.json");
+        if report.exists() {
+            eprintln!("xtask: report: {}", report.display());
+        }
+    }
+    eprintln!(
+        "xtask: guest finished in {:.1}s, exit status {}",
+        outcome.elapsed.as_secs_f64(),
+        outcome.exit_status
+    );
+    if outcome.exit_status != 0 {
+        // dmaprof's own exit status, as the issue asks.
+        std::process::exit(outcome.exit_status.clamp(1, 255));
+    }
+    Ok(())
+}
+
+/// `cargo xtask run` without --host: `dmaprof run <args>` in the VM with the custom kernel.
+pub fn run_default(args: Vec<String>) -> Result<()> {
+    let mut all = vec!["run".to_owned()];
+    all.extend(args);
+    run(VmArgs {
+        kernel: "custom".to_owned(),
+        modules: None,
+        mem: "2G".to_owned(),
+        smp: 2,
+        hugepages_1g: 0,
+        hugepages_2m: 0,
+        out: None,
+        timeout: 1800,
+        guest_cmd: None,
+        append: String::new(),
+        args: all,
+    })
+}
+
+/// The VM part of `cargo xtask test`.
+pub fn test() -> Result<()> {
+    tests::run()
+}
