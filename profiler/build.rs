@@ -36,8 +36,9 @@ fn main() -> anyhow::Result<()> {
         root_dir: concat!(env!("CARGO_MANIFEST_DIR"), "/../profiler-ebpf"),
         ..Default::default()
     };
-    aya_build::build_ebpf([package], aya_build::Toolchain::Custom(&toolchain))
-        .with_context(|| format!("building the BPF object with toolchain `{toolchain}` (run `cargo xtask setup` to install it)"))
+    aya_build::build_ebpf([package], aya_build::Toolchain::Custom(&toolchain)).with_context(|| {
+        format!("building the BPF object with toolchain `{toolchain}` (run `cargo xtask setup` to install it)")
+    })
 }
 
 fn which_bpf_linker() -> Option<std::path::PathBuf> {

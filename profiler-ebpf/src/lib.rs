@@ -26,7 +26,7 @@ pub mod maps {
     pub const SAMPLES: &str = "SAMPLES";
     /// `StackTrace`: the stacks the sample keys refer to.
     pub const STACKS: &str = "STACKS";
-    /// `Array<u64>` with one entry: when the workload thread entered its current syscall.
+    /// `Array<SyscallEntry>` with one entry: the workload thread's syscall in progress.
     pub const SYSCALL_ENTER: &str = "SYSCALL_ENTER";
 }
 
@@ -34,11 +34,11 @@ pub mod maps {
 pub mod programs {
     /// Perf-event program: one sampled stack of the workload thread.
     pub const SAMPLE_STACK: &str = "sample_stack";
-    /// Tracepoint `raw_syscalls:sys_enter`.
+    /// Raw tracepoint `sys_enter` (raw_syscalls).
     pub const SYS_ENTER: &str = "sys_enter";
-    /// Tracepoint `raw_syscalls:sys_exit`.
+    /// Raw tracepoint `sys_exit` (raw_syscalls).
     pub const SYS_EXIT: &str = "sys_exit";
-    /// Tracepoint `exceptions:page_fault_user`.
+    /// Raw tracepoint `page_fault_user` (exceptions).
     pub const PAGE_FAULT_USER: &str = "page_fault_user";
     /// Do-nothing kprobe used by `doctor` to find out whether kprobes attach at all.
     pub const PROBE_KPROBE: &str = "probe_kprobe";
@@ -48,6 +48,9 @@ pub mod programs {
 
 /// Name of the read-only global that holds the workload thread's id, set at load time.
 pub const TARGET_TID_GLOBAL: &str = "TARGET_TID";
+
+/// Name of the read-only global that holds the bpf() syscall number, set at load time.
+pub const IGNORED_SYSCALL_GLOBAL: &str = "IGNORED_SYSCALL";
 
 /// What user space tells the BPF programs while they run.
 #[repr(C)]
@@ -95,11 +98,25 @@ pub struct SampleKey {
     pub _pad: u32,
 }
 
-/// Offsets into the `raw_syscalls:sys_enter` / `sys_exit` tracepoint records (stable since 2.6.x:
-/// an 8-byte common header, then `long id`, then `args[6]` or `long ret`).
-pub mod raw_syscalls {
-    /// Offset of `id` in both records.
-    pub const ID_OFFSET: usize = 8;
-    /// Offset of `ret` in the exit record.
-    pub const RET_OFFSET: usize = 16;
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: all of them are #[repr(C)], contain only integers, and have no padding holes
+    // (explicit _reserved/_pad fields fill them), so any byte pattern is a valid value.
+    unsafe impl aya::Pod for super::Control {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::PhaseCounters {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::SampleKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::SyscallEntry {}
+}
+
+/// The workload thread's syscall in progress (raw_syscalls:sys_enter -> sys_exit).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SyscallEntry {
+    /// `bpf_ktime_get_ns` at entry; 0 = no syscall in progress.
+    pub enter_ns: u64,
+    /// Syscall number.
+    pub id: i64,
 }

@@ -4,23 +4,26 @@
 #![no_main]
 
 use aya_ebpf::{
+    EbpfContext as _,
     bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
-    macros::{fentry, kprobe, map, perf_event, tracepoint},
+    macros::{fentry, kprobe, map, perf_event, raw_tracepoint},
     maps::{Array, HashMap, StackTrace},
-    programs::{
-        tracing::StackIdContext as _, FEntryContext, PerfEventContext, ProbeContext, TracePointContext,
-    },
-    EbpfContext as _,
+    programs::{FEntryContext, PerfEventContext, ProbeContext, RawTracePointContext, tracing::StackIdContext as _},
 };
 use aya_log_ebpf::debug;
 use profiler_ebpf::{
-    Control, PhaseCounters, SampleKey, MAX_PHASES, SAMPLE_MAP_ENTRIES, STACK_MAP_ENTRIES,
+    Control, MAX_PHASES, PhaseCounters, SAMPLE_MAP_ENTRIES, STACK_MAP_ENTRIES, SampleKey, SyscallEntry,
 };
 
 /// The workload thread's id; set by user space at load time.
 #[unsafe(no_mangle)]
 static TARGET_TID: u32 = 0;
+
+/// The number of the bpf() syscall on this architecture; set by user space at load time.
+/// Its own phase switches go through bpf(), so those calls are left out of the syscall time.
+#[unsafe(no_mangle)]
+static IGNORED_SYSCALL: i64 = -1;
 
 #[map]
 static CONTROL: Array<Control> = Array::with_max_entries(1, 0);
@@ -35,7 +38,7 @@ static SAMPLES: HashMap<SampleKey, u64> = HashMap::with_max_entries(SAMPLE_MAP_E
 static STACKS: StackTrace = StackTrace::with_max_entries(STACK_MAP_ENTRIES, 0);
 
 #[map]
-static SYSCALL_ENTER: Array<u64> = Array::with_max_entries(1, 0);
+static SYSCALL_ENTER: Array<SyscallEntry> = Array::with_max_entries(1, 0);
 
 /// The phase slot being recorded, if the current thread is the workload thread.
 #[inline(always)]
@@ -75,7 +78,12 @@ pub fn sample_stack(ctx: PerfEventContext) -> u32 {
     let user_stack = ctx
         .get_stackid(&STACKS, u64::from(BPF_F_USER_STACK))
         .map_or(-1, |id| id as i32);
-    let key = SampleKey { phase, kernel_stack, user_stack, _pad: 0 };
+    let key = SampleKey {
+        phase,
+        kernel_stack,
+        user_stack,
+        _pad: 0,
+    };
     match SAMPLES.get_ptr_mut(&key) {
         Some(count) => {
             // SAFETY: valid map value pointer for the duration of the program.
@@ -90,19 +98,31 @@ pub fn sample_stack(ctx: PerfEventContext) -> u32 {
     0
 }
 
-#[tracepoint]
-pub fn sys_enter(_ctx: TracePointContext) -> u32 {
-    if recording_phase().is_none() {
+#[inline(always)]
+fn is_target_thread() -> bool {
+    // SAFETY: see recording_phase.
+    let target = unsafe { core::ptr::read_volatile(&TARGET_TID) };
+    bpf_get_current_pid_tgid() as u32 == target
+}
+
+/// raw_syscalls:sys_enter(regs, id). Every syscall of the workload thread is noted, in or out
+/// of a phase, so that the exit knows which syscall it ends (the bpf() calls that switch
+/// phases straddle a phase boundary and are left out).
+#[raw_tracepoint(tracepoint = "sys_enter")]
+pub fn sys_enter(ctx: RawTracePointContext) -> u32 {
+    if !is_target_thread() {
         return 0;
     }
     // SAFETY: reading the clock has no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
-    let _ = SYSCALL_ENTER.set(0, now, 0);
+    let id: i64 = ctx.arg(1);
+    let _ = SYSCALL_ENTER.set(0, SyscallEntry { enter_ns: now, id }, 0);
     0
 }
 
-#[tracepoint]
-pub fn sys_exit(_ctx: TracePointContext) -> u32 {
+/// raw_syscalls:sys_exit(regs, ret).
+#[raw_tracepoint(tracepoint = "sys_exit")]
+pub fn sys_exit(_ctx: RawTracePointContext) -> u32 {
     let Some(phase) = recording_phase() else {
         return 0;
     };
@@ -111,17 +131,21 @@ pub fn sys_exit(_ctx: TracePointContext) -> u32 {
     let Some(c) = counters(phase) else {
         return 0;
     };
-    let Some(enter) = SYSCALL_ENTER.get_ptr_mut(0) else {
+    let Some(entry) = SYSCALL_ENTER.get_ptr_mut(0) else {
         return 0;
     };
     // SAFETY: valid map value pointer for the duration of the program.
-    let entered = unsafe { *enter };
-    if entered == 0 {
+    let entry = unsafe { &mut *entry };
+    if entry.enter_ns == 0 {
         c.unbalanced += 1;
         return 0;
     }
-    // SAFETY: as above.
-    unsafe { *enter = 0 };
+    let entered = entry.enter_ns;
+    entry.enter_ns = 0;
+    // SAFETY: see recording_phase.
+    if entry.id == unsafe { core::ptr::read_volatile(&IGNORED_SYSCALL) } {
+        return 0;
+    }
     c.syscalls += 1;
     c.syscall_ns += now.saturating_sub(entered);
     if c.first_enter_ns == 0 {
@@ -131,14 +155,14 @@ pub fn sys_exit(_ctx: TracePointContext) -> u32 {
     0
 }
 
-#[tracepoint]
-pub fn page_fault_user(_ctx: TracePointContext) -> u32 {
+/// exceptions:page_fault_user(address, regs, error_code): CPU faults from user mode.
+#[raw_tracepoint(tracepoint = "page_fault_user")]
+pub fn page_fault_user(_ctx: RawTracePointContext) -> u32 {
     if let Some(c) = recording_phase().and_then(counters) {
         c.user_faults += 1;
     }
     0
 }
-
 #[kprobe]
 pub fn probe_kprobe(ctx: ProbeContext) -> u32 {
     debug!(&ctx, "dmaprof doctor: kprobe fired in pid {}", ctx.pid());

@@ -1,4 +1,273 @@
-fn main() {
-    static OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler-ebpf"));
-    println!("{}", OBJ.len());
+//! The `dmaprof` command line. Exit codes: 0 success, 1 failure, 2 bad usage,
+//! 128+N when stopped by signal N (130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP).
+use std::{
+    path::PathBuf,
+    process::ExitCode,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicI32, Ordering},
+    },
+    time::Duration,
+};
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use profiler::{
+    capabilities, hugepages,
+    matrix::{self, Prefault},
+    report,
+    run::{self, Progress, RunError, RunOptions},
+    size::parse_size,
+};
+
+#[derive(Parser)]
+#[command(name = "dmaprof", version, about = "Tells a kernel developer why a DMA map is slow")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Find out, by trying, what this host can trace and map.
+    Doctor {
+        /// Print JSON instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the case matrix (what -v globs match).
+    List,
+    /// Run the workload matrix under the probes and report where the time went.
+    Run(RunArgs),
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Buffer size per case: bytes or with a K/M/G/T suffix.
+    #[arg(short = 'b', long = "size", default_value = "1G", value_parser = size_arg, allow_hyphen_values = true)]
+    size: u64,
+    /// Select cases by shell glob on `<mode>_<backing>.<prefault>` (or on `<mode>_<backing>`
+    /// when the pattern has no dot). Repeatable.
+    #[arg(short = 'v', long = "variant", value_name = "GLOB")]
+    variants: Vec<String>,
+    /// Prefault strategies to run.
+    #[arg(long, value_delimiter = ',', default_value = "none,populate,touch")]
+    prefault: Vec<Prefault>,
+    /// Traced iterations per case.
+    #[arg(short = 'n', long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=run::MAX_ITERATIONS as i64))]
+    iterations: u32,
+    /// Stack sampling frequency in Hz.
+    #[arg(long = "freq", default_value_t = 4999, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    freq_hz: u64,
+    /// Output directory (default: dmaprof-out/<timestamp>).
+    #[arg(short = 'o', long = "out")]
+    out: Option<PathBuf>,
+    /// Print report.json on stdout instead of the tables.
+    #[arg(long)]
+    json: bool,
+}
+
+fn size_arg(s: &str) -> Result<u64, String> {
+    parse_size(s).map_err(|e| e.to_string())
+}
+
+/// Prints to stdout; a closed pipe (`dmaprof ... | head`) ends the output quietly instead of
+/// panicking.
+fn out(text: &str) {
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    if stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()).is_err() {
+        std::process::exit(0);
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            if !e.use_stderr() {
+                let _ = e.print();
+                return ExitCode::SUCCESS;
+            }
+            // One line, not clap's multi-line block: the first line names the problem.
+            let text = e.render().to_string();
+            eprintln!(
+                "dmaprof: {}",
+                text.lines().next().unwrap_or("bad usage").trim_start_matches("error: ")
+            );
+            return ExitCode::from(2);
+        }
+    };
+    match cli.command {
+        Command::Doctor { json } => {
+            let d = capabilities::probe_host();
+            if json {
+                out(&(serde_json::to_string_pretty(&d).expect("doctor output serialises") + "\n"));
+            } else {
+                out(&capabilities::render(&d));
+            }
+            ExitCode::SUCCESS
+        }
+        Command::List => {
+            out(&matrix::all_cases().iter().map(|c| c.name() + "\n").collect::<String>());
+            ExitCode::SUCCESS
+        }
+        Command::Run(args) => match run_command(args) {
+            Ok(code) => code,
+            Err(e) => {
+                let usage = e.downcast_ref::<RunError>().is_some_and(RunError::is_usage);
+                eprintln!("dmaprof: {e:#}");
+                ExitCode::from(if usage { 2 } else { 1 })
+            }
+        },
+    }
+}
+
+/// Seconds since the epoch as `YYYYMMDD-HHMMSS` (UTC).
+fn timestamp() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (days, rem) = (secs / 86400, secs % 86400);
+    // Civil-from-days (H. Hinnant), valid for the Gregorian calendar.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+fn run_command(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let opts = RunOptions {
+        size: args.size,
+        variants: args.variants,
+        prefaults: args.prefault,
+        iterations: args.iterations,
+        freq_hz: args.freq_hz,
+        out: args
+            .out
+            .unwrap_or_else(|| PathBuf::from("dmaprof-out").join(timestamp())),
+    };
+    if opts.out.exists() && !opts.out.is_dir() {
+        return Err(RunError::Usage(format!("--out {} exists and is not a directory", opts.out.display())).into());
+    }
+    let missing = capabilities::missing_caps();
+    if !missing.is_empty() {
+        return Err(RunError::Usage(format!(
+            "dmaprof run needs {} (missing {}): run it as root",
+            capabilities::NEEDED_CAPS
+                .iter()
+                .map(|(_, n)| *n)
+                .collect::<Vec<_>>()
+                .join(", "),
+            missing.join(", ")
+        ))
+        .into());
+    }
+    let plan = run::plan(&opts)?;
+    let _lock = run::lock_instance()?;
+    eprintln!(
+        "dmaprof: {} case(s) to run, {} skipped; output in {}",
+        plan.run.len(),
+        plan.skipped.len(),
+        opts.out.display()
+    );
+    let mut reasons: Vec<(&str, usize)> = Vec::new();
+    for s in &plan.skipped {
+        match reasons.iter_mut().find(|(r, _)| *r == s.reason) {
+            Some((_, n)) => *n += 1,
+            None => reasons.push((&s.reason, 1)),
+        }
+    }
+    for (reason, n) in reasons {
+        eprintln!("dmaprof:   skipping {n} case(s): {reason}");
+    }
+
+    let cancel = Arc::new(AtomicBool::new(false));
+    let signal = Arc::new(AtomicI32::new(0));
+    let progress = Arc::new(Progress::default());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    let worker = {
+        let (cancel, progress, opts) = (cancel.clone(), progress.clone(), opts.clone());
+        std::thread::Builder::new()
+            .name("dmaprof-workload".into())
+            .spawn(move || run::execute(&opts, plan, &cancel, &progress))
+            .context("starting the workload thread")?
+    };
+    rt.block_on(supervise(&worker, &cancel, &signal, &progress));
+    let report = worker
+        .join()
+        .map_err(|_| anyhow::anyhow!("the workload thread panicked"))??;
+    if args.json {
+        out(&(serde_json::to_string_pretty(&report)? + "\n"));
+    } else {
+        out(&report::render_table(&report));
+        out(&format!("\nreport: {}\n", opts.out.join("report.json").display()));
+    }
+    match signal.load(Ordering::Relaxed) {
+        0 => Ok(ExitCode::SUCCESS),
+        sig => Ok(ExitCode::from(128 + sig as u8)),
+    }
+}
+
+/// Waits for the workload thread while handling stop signals and printing progress.
+async fn supervise(
+    worker: &std::thread::JoinHandle<Result<report::Report, RunError>>,
+    cancel: &AtomicBool,
+    signal: &AtomicI32,
+    progress: &Progress,
+) {
+    use tokio::signal::unix::{SignalKind, signal as unix_signal};
+    let mut sigint = unix_signal(SignalKind::interrupt()).ok();
+    let mut sigterm = unix_signal(SignalKind::terminate()).ok();
+    let mut sighup = unix_signal(SignalKind::hangup()).ok();
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    let mut last_note = std::time::Instant::now();
+    async fn recv(s: &mut Option<tokio::signal::unix::Signal>) {
+        match s {
+            Some(s) => {
+                s.recv().await;
+            }
+            None => std::future::pending::<()>().await,
+        }
+    }
+    while !worker.is_finished() {
+        let sig = tokio::select! {
+            _ = recv(&mut sigint) => libc::SIGINT,
+            _ = recv(&mut sigterm) => libc::SIGTERM,
+            _ = recv(&mut sighup) => libc::SIGHUP,
+            _ = tick.tick() => {
+                if let Some((what, since)) = progress.current() {
+                    let secs = since.elapsed().as_secs();
+                    if secs >= 1 && last_note.elapsed() >= Duration::from_secs(1) {
+                        eprintln!("dmaprof:   ... {what}: {secs} s");
+                        last_note = std::time::Instant::now();
+                    }
+                }
+                continue;
+            }
+        };
+        if signal.swap(sig, Ordering::Relaxed) != 0 {
+            // A second signal: don't wait for the phase to end. BPF links and fds close with
+            // the process; hugepage pools must be put back by hand.
+            eprintln!("dmaprof: second signal, exiting now");
+            hugepages::restore_all();
+            std::process::exit(128 + sig);
+        }
+        eprintln!("dmaprof: signal {sig}: stopping after the current phase and cleaning up (again to force)");
+        cancel.store(true, Ordering::Relaxed);
+    }
 }

@@ -1,0 +1,543 @@
+//! `dmaprof doctor`: what this host can do, found out by trying (load, attach, open, ioctl),
+//! not by reading config files. The same object is the report's `capabilities`.
+use std::{collections::BTreeMap, fs, os::fd::AsRawFd as _, path::Path, time::Duration};
+
+use aya::{
+    Btf,
+    maps::{Array, HashMap},
+    programs::{
+        FEntry, KProbe, PerfEvent,
+        perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+    },
+};
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    abi::{self, Control, PhaseCounters, SampleKey},
+    hugepages::{self, Pool},
+    probes::{gettid, load_object},
+    report::KernelInfo,
+};
+
+/// One capability: whether it works and what was seen (or what would fix it).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Capability {
+    /// Works here.
+    pub ok: bool,
+    /// What was found, or why not and what would fix it.
+    pub detail: String,
+}
+
+/// A PCI device bound to vfio-pci.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct VfioDevice {
+    /// PCI address, e.g. 0000:00:01.0.
+    pub bdf: String,
+    /// Bound driver.
+    pub driver: String,
+    /// IOMMU group number.
+    pub iommu_group: Option<String>,
+}
+
+/// Everything doctor found.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Doctor {
+    /// Kernel identity.
+    pub kernel: KernelInfo,
+    /// Capabilities by name.
+    pub capabilities: BTreeMap<String, Capability>,
+    /// Devices bound to vfio-pci.
+    pub vfio_devices: Vec<VfioDevice>,
+    /// hugetlb pools.
+    pub hugepages: Vec<Pool>,
+}
+
+fn cap(ok: bool, detail: impl Into<String>) -> Capability {
+    Capability {
+        ok,
+        detail: detail.into(),
+    }
+}
+
+/// uname(2).
+pub fn kernel_info() -> KernelInfo {
+    // SAFETY: uname fills the zeroed struct; its fields are NUL-terminated on success.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::uname(&mut u) };
+    let field = |f: &[libc::c_char]| {
+        // SAFETY: uname NUL-terminates each field within its array.
+        unsafe { std::ffi::CStr::from_ptr(f.as_ptr()) }
+            .to_string_lossy()
+            .into_owned()
+    };
+    KernelInfo {
+        release: field(&u.release),
+        version: field(&u.version),
+        machine: field(&u.machine),
+    }
+}
+
+/// Probes the host. Every check is independent: one failing never hides another.
+pub fn probe_host() -> Doctor {
+    let mut c = BTreeMap::new();
+    c.insert("privileges".into(), privileges());
+    c.insert("btf_vmlinux".into(), btf_vmlinux());
+    c.insert("btf_modules".into(), btf_modules());
+    for (name, result) in bpf_checks() {
+        c.insert(name.into(), result);
+    }
+    c.insert("vfio_type1".into(), vfio_type1());
+    let (iommufd, map_file) = iommufd_checks();
+    c.insert("iommufd".into(), iommufd);
+    c.insert("map_file".into(), map_file);
+    c.insert("vfio_cdev".into(), vfio_cdev());
+    Doctor {
+        kernel: kernel_info(),
+        capabilities: c,
+        vfio_devices: vfio_devices(),
+        hugepages: hugepages::pools(),
+    }
+}
+
+/// Effective capabilities of this process, from /proc/self/status.
+fn effective_caps() -> u64 {
+    fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+        .unwrap_or(0)
+}
+
+/// The capabilities dmaprof needs: (bit, name).
+pub const NEEDED_CAPS: &[(u32, &str)] = &[
+    (39, "CAP_BPF"),
+    (38, "CAP_PERFMON"),
+    (21, "CAP_SYS_ADMIN"),
+    (14, "CAP_IPC_LOCK"),
+];
+
+/// Names of the needed capabilities this process lacks.
+pub fn missing_caps() -> Vec<&'static str> {
+    let eff = effective_caps();
+    NEEDED_CAPS
+        .iter()
+        .filter(|(bit, _)| eff & (1 << bit) == 0)
+        .map(|(_, n)| *n)
+        .collect()
+}
+
+fn privileges() -> Capability {
+    // SAFETY: geteuid cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    let missing = missing_caps();
+    if missing.is_empty() {
+        cap(
+            true,
+            format!("euid {euid}; CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN, CAP_IPC_LOCK effective"),
+        )
+    } else {
+        cap(
+            false,
+            format!("euid {euid}; missing {}: run as root", missing.join(", ")),
+        )
+    }
+}
+
+fn btf_vmlinux() -> Capability {
+    match Btf::from_sys_fs() {
+        Ok(_) => {
+            let len = fs::metadata("/sys/kernel/btf/vmlinux").map(|m| m.len()).unwrap_or(0);
+            cap(true, format!("/sys/kernel/btf/vmlinux parsed ({} KiB)", len / 1024))
+        }
+        Err(e) => cap(
+            false,
+            format!("cannot read kernel BTF ({e}): needs CONFIG_DEBUG_INFO_BTF; fentry/fexit need it"),
+        ),
+    }
+}
+
+fn btf_modules() -> Capability {
+    let mods: Vec<String> = fs::read_dir("/sys/kernel/btf")
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n != "vmlinux")
+                .collect()
+        })
+        .unwrap_or_default();
+    if !mods.is_empty() {
+        let mut m = mods.clone();
+        m.sort();
+        m.truncate(8);
+        return cap(
+            true,
+            format!(
+                "{} modules with BTF ({}{})",
+                mods.len(),
+                m.join(", "),
+                if mods.len() > 8 { ", ..." } else { "" }
+            ),
+        );
+    }
+    if !Path::new("/proc/modules").exists() {
+        cap(
+            false,
+            "kernel has no loadable modules (CONFIG_MODULES off), so no module BTF; VFIO/IOMMUFD would have to be built in",
+        )
+    } else {
+        cap(
+            false,
+            "no module has BTF loaded (needs CONFIG_DEBUG_INFO_BTF_MODULES and a loaded module such as vfio)",
+        )
+    }
+}
+
+/// Functions tried as kprobe targets, the first that exists wins.
+const KPROBE_TARGETS: &[&str] = &["do_sys_openat2", "do_sys_open", "vfs_read"];
+
+fn bpf_checks() -> Vec<(&'static str, Capability)> {
+    let tid = gettid();
+    let mut ebpf = match load_object(tid) {
+        Ok(e) => e,
+        Err(e) => {
+            let c = cap(false, e.to_string());
+            return vec![
+                ("tracepoints", c.clone()),
+                ("perf_sampling", c.clone()),
+                ("kprobes", c.clone()),
+                ("fentry", c),
+            ];
+        }
+    };
+    let mut out = Vec::new();
+
+    // Tracepoints: attach the syscall-exit program for real (as a raw tracepoint).
+    let tracefs = if Path::new("/sys/kernel/tracing/events").exists() {
+        "tracefs mounted"
+    } else {
+        "tracefs not mounted (not needed)"
+    };
+    out.push((
+        "tracepoints",
+        match crate::probes::attach_raw_tracepoint(&mut ebpf, abi::programs::SYS_EXIT, "sys_exit") {
+            Ok(()) => cap(
+                true,
+                format!("raw tracepoint raw_syscalls:sys_exit attached; {tracefs}"),
+            ),
+            Err(e) => cap(
+                false,
+                format!("raw_syscalls:sys_exit: {e} (needs CONFIG_TRACEPOINTS and BPF raw tracepoints)"),
+            ),
+        },
+    ));
+
+    // Sampling: attach the sampler to this thread, burn kernel time, count kernel stacks.
+    out.push((
+        "perf_sampling",
+        match sample_check(&mut ebpf, tid) {
+            Ok(d) => cap(true, d),
+            Err(e) => cap(false, e),
+        },
+    ));
+
+    // kprobes: try one.
+    let kp = (|| -> Result<String, String> {
+        let p: &mut KProbe = ebpf
+            .program_mut(abi::programs::PROBE_KPROBE)
+            .ok_or("program missing")?
+            .try_into()
+            .map_err(|e| format!("{e}"))?;
+        p.load().map_err(|e| format!("load: {e}"))?;
+        let mut last = String::new();
+        for f in KPROBE_TARGETS {
+            match p.attach(f, 0) {
+                Ok(link) => {
+                    let _ = p.detach(link);
+                    return Ok(format!("kprobe on {f} attached"));
+                }
+                Err(e) => last = format!("attach {f}: {e}"),
+            }
+        }
+        Err(last)
+    })();
+    out.push(("kprobes", match kp {
+        Ok(d) => cap(true, d),
+        Err(e) => {
+            let hint = if Path::new("/sys/bus/event_source/devices/kprobe").exists() || Path::new("/sys/kernel/tracing/kprobe_events").exists() {
+                "kprobes exist but this attach failed"
+            } else {
+                "kernel built without CONFIG_KPROBES; module functions (vfio, iommufd) cannot be probed here: use `cargo xtask vm`"
+            };
+            cap(false, format!("{e} ({hint})"))
+        }
+    }));
+
+    // fentry: load against vmlinux BTF and attach.
+    let fe = (|| -> Result<String, String> {
+        let btf = Btf::from_sys_fs().map_err(|e| format!("no kernel BTF: {e}"))?;
+        let p: &mut FEntry = ebpf
+            .program_mut(abi::programs::PROBE_FENTRY)
+            .ok_or("program missing")?
+            .try_into()
+            .map_err(|e| format!("{e}"))?;
+        p.load("handle_mm_fault", &btf)
+            .map_err(|e| format!("load on handle_mm_fault: {}", chain(&e)))?;
+        let link = p.attach().map_err(|e| format!("attach: {}", chain(&e)))?;
+        let _ = p.detach(link);
+        Ok("fentry on handle_mm_fault attached".into())
+    })();
+    out.push((
+        "fentry",
+        match fe {
+            Ok(d) => cap(true, d),
+            Err(e) => cap(
+                false,
+                format!("{e} (fentry/fexit denied here; dmaprof falls back to kprobes or tracepoints)"),
+            ),
+        },
+    ));
+    out
+}
+
+/// An error with its sources, on one line.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+fn sample_check(ebpf: &mut aya::Ebpf, tid: u32) -> Result<String, String> {
+    let syms = crate::symbols::KernelSymbols::load().map_err(|e| format!("cannot read /proc/kallsyms: {e}"))?;
+    if !syms.usable() {
+        return Err(
+            "/proc/kallsyms shows zero addresses (kptr_restrict): stacks cannot be resolved; run as root".into(),
+        );
+    }
+    let p: &mut PerfEvent = ebpf
+        .program_mut(abi::programs::SAMPLE_STACK)
+        .ok_or("program missing")?
+        .try_into()
+        .map_err(|e| format!("{e}"))?;
+    p.load().map_err(|e| format!("load: {e}"))?;
+    let link = p
+        .attach(
+            PerfEventConfig::Software(SoftwareEvent::CpuClock),
+            PerfEventScope::OneProcess { pid: tid, cpu: None },
+            SamplePolicy::Frequency(999),
+            false,
+        )
+        .map_err(|e| format!("perf_event_open + attach: {}", chain(&e)))?;
+    let mut control: Array<_, Control> =
+        Array::try_from(ebpf.map_mut(abi::maps::CONTROL).ok_or("CONTROL map missing")?).map_err(|e| e.to_string())?;
+    control
+        .set(0, Control { phase: 1, _reserved: 0 }, 0)
+        .map_err(|e| e.to_string())?;
+    // Spend ~100 ms in the kernel (reading /dev/zero clears user memory in kernel mode).
+    let mut buf = vec![0u8; 1 << 20];
+    let start = std::time::Instant::now();
+    if let Ok(f) = fs::File::open("/dev/zero") {
+        while start.elapsed() < Duration::from_millis(100) {
+            // SAFETY: reads into our own buffer of the given length.
+            unsafe { libc::read(f.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        }
+    }
+    control
+        .set(0, Control { phase: 0, _reserved: 0 }, 0)
+        .map_err(|e| e.to_string())?;
+    let p: &mut PerfEvent = ebpf
+        .program_mut(abi::programs::SAMPLE_STACK)
+        .ok_or("program missing")?
+        .try_into()
+        .map_err(|e| format!("{e}"))?;
+    let _ = p.detach(link);
+    let counters: Array<_, PhaseCounters> = Array::try_from(
+        ebpf.map(abi::maps::PHASE_COUNTERS)
+            .ok_or("PHASE_COUNTERS map missing")?,
+    )
+    .map_err(|e| e.to_string())?;
+    let samples = counters.get(&1, 0).map_err(|e| e.to_string())?.samples;
+    let keys: HashMap<_, SampleKey, u64> =
+        HashMap::try_from(ebpf.map(abi::maps::SAMPLES).ok_or("SAMPLES map missing")?).map_err(|e| e.to_string())?;
+    let with_kernel: u64 = keys
+        .iter()
+        .flatten()
+        .filter(|(k, _)| k.kernel_stack >= 0)
+        .map(|(_, n)| n)
+        .sum();
+    if samples == 0 {
+        return Err("perf event attached but no sample arrived in 100 ms".into());
+    }
+    if with_kernel == 0 {
+        return Err(format!("{samples} samples but none with a kernel stack"));
+    }
+    Ok(format!(
+        "cpu-clock on this thread: {samples} samples in 100 ms at 999 Hz, {with_kernel} with kernel stacks"
+    ))
+}
+
+// VFIO and iommufd ioctl numbers: _IO(';', nr), from include/uapi/linux/vfio.h and iommufd.h.
+const VFIO_GET_API_VERSION: libc::c_ulong = 0x3b64;
+const VFIO_CHECK_EXTENSION: libc::c_ulong = 0x3b65;
+const VFIO_TYPE1_IOMMU: libc::c_ulong = 1;
+const VFIO_TYPE1V2_IOMMU: libc::c_ulong = 3;
+const IOMMU_IOAS_MAP_FILE: libc::c_ulong = 0x3b00 | 0x8f;
+
+fn open_rw(path: &str) -> std::io::Result<fs::File> {
+    fs::OpenOptions::new().read(true).write(true).open(path)
+}
+
+fn vfio_type1() -> Capability {
+    let f = match open_rw("/dev/vfio/vfio") {
+        Ok(f) => f,
+        Err(e) => {
+            return cap(
+                false,
+                format!(
+                    "/dev/vfio/vfio: {e} (needs the vfio and vfio_iommu_type1 modules or built-in VFIO; `cargo xtask vm` provides them)"
+                ),
+            );
+        }
+    };
+    // SAFETY: argument-less VFIO ioctls on a VFIO container fd.
+    let version = unsafe { libc::ioctl(f.as_raw_fd(), VFIO_GET_API_VERSION) };
+    // SAFETY: VFIO_CHECK_EXTENSION takes the extension number by value.
+    let t1 = unsafe { libc::ioctl(f.as_raw_fd(), VFIO_CHECK_EXTENSION, VFIO_TYPE1_IOMMU) };
+    // SAFETY: as above.
+    let t1v2 = unsafe { libc::ioctl(f.as_raw_fd(), VFIO_CHECK_EXTENSION, VFIO_TYPE1V2_IOMMU) };
+    if t1 == 1 {
+        cap(
+            true,
+            format!(
+                "/dev/vfio/vfio API {version}, TYPE1 yes, TYPE1v2 {}",
+                if t1v2 == 1 { "yes" } else { "no" }
+            ),
+        )
+    } else {
+        cap(
+            false,
+            format!("/dev/vfio/vfio API {version} but no TYPE1 IOMMU backend (load vfio_iommu_type1)"),
+        )
+    }
+}
+
+fn iommufd_checks() -> (Capability, Capability) {
+    let f = match open_rw("/dev/iommu") {
+        Ok(f) => f,
+        Err(e) => {
+            let why = format!(
+                "/dev/iommu: {e} (kernel without CONFIG_IOMMUFD; Debian kernels lack it: use `cargo xtask vm` with the custom kernel)"
+            );
+            return (cap(false, why.clone()), cap(false, format!("no iommufd: {why}")));
+        }
+    };
+    // A zero-sized argument: an ioctl the kernel knows fails its size check with EINVAL, an
+    // unknown one (before 6.13) fails with ENOTTY.
+    let arg = [0u32; 16];
+    // SAFETY: the kernel reads at most `size` (= 0) bytes of our buffer; it is 64 bytes long.
+    let r = unsafe { libc::ioctl(f.as_raw_fd(), IOMMU_IOAS_MAP_FILE, arg.as_ptr()) };
+    let errno = std::io::Error::last_os_error();
+    let map_file = if r == 0 || errno.raw_os_error() != Some(libc::ENOTTY) {
+        cap(
+            true,
+            format!("IOMMU_IOAS_MAP_FILE known to the kernel (probe returned {errno})"),
+        )
+    } else {
+        cap(false, "IOMMU_IOAS_MAP_FILE unknown (ENOTTY): kernel older than 6.13")
+    };
+    (cap(true, "/dev/iommu opened"), map_file)
+}
+
+fn vfio_cdev() -> Capability {
+    match fs::read_dir("/dev/vfio/devices") {
+        Ok(d) => {
+            let names: Vec<String> = d
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect();
+            cap(
+                true,
+                format!(
+                    "/dev/vfio/devices: {}",
+                    if names.is_empty() {
+                        "present, no device bound".into()
+                    } else {
+                        names.join(", ")
+                    }
+                ),
+            )
+        }
+        Err(e) => cap(
+            false,
+            format!("/dev/vfio/devices: {e} (needs CONFIG_VFIO_DEVICE_CDEV and a device bound to vfio-pci)"),
+        ),
+    }
+}
+
+fn link_name(p: &Path) -> Option<String> {
+    fs::read_link(p)
+        .ok()
+        .and_then(|l| l.file_name().map(|n| n.to_string_lossy().into_owned()))
+}
+
+/// PCI devices bound to vfio-pci.
+pub fn vfio_devices() -> Vec<VfioDevice> {
+    let mut out = Vec::new();
+    let Ok(dir) = fs::read_dir("/sys/bus/pci/devices") else {
+        return out;
+    };
+    for e in dir.flatten() {
+        let p = e.path();
+        let driver = link_name(&p.join("driver")).unwrap_or_default();
+        if driver != "vfio-pci" {
+            continue;
+        }
+        out.push(VfioDevice {
+            bdf: e.file_name().to_string_lossy().into_owned(),
+            driver,
+            iommu_group: link_name(&p.join("iommu_group")),
+        });
+    }
+    out.sort_by(|a, b| a.bdf.cmp(&b.bdf));
+    out
+}
+
+/// The doctor table.
+pub fn render(d: &Doctor) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "kernel: Linux {} {} ({})",
+        d.kernel.release, d.kernel.machine, d.kernel.version
+    );
+    for (name, c) in &d.capabilities {
+        let _ = writeln!(s, "  {:<14} {:<4} {}", name, if c.ok { "yes" } else { "NO" }, c.detail);
+    }
+    let _ = writeln!(
+        s,
+        "vfio-pci devices:{}",
+        if d.vfio_devices.is_empty() { " none" } else { "" }
+    );
+    for v in &d.vfio_devices {
+        let _ = writeln!(
+            s,
+            "  {} iommu_group {}",
+            v.bdf,
+            v.iommu_group.as_deref().unwrap_or("none (no IOMMU?)")
+        );
+    }
+    let _ = writeln!(s, "hugepages:");
+    for h in &d.hugepages {
+        let _ = writeln!(s, "  {:>8} kB: {} total, {} free", h.size_kb, h.total, h.free);
+    }
+    s
+}

@@ -1,0 +1,267 @@
+//! The variant matrix, declared once as data: IOMMU modes x backings x prefault, with the kernel
+//! selftests' names (`vfio_type1_iommu`, `anonymous_hugetlb_2mb`, ...), so that `-v` globs work
+//! like `vfio_dma_mapping_perf_test -v`.
+use serde::Serialize;
+
+/// How (and whether) the buffer is DMA-mapped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IommuMode {
+    /// No DMA mapping: only the memory phases (any kernel, no device needed).
+    None,
+    /// VFIO container, VFIO_TYPE1_IOMMU.
+    VfioType1Iommu,
+    /// VFIO container, VFIO_TYPE1v2_IOMMU.
+    VfioType1v2Iommu,
+    /// /dev/iommu used as a VFIO container, type1.
+    IommufdCompatType1,
+    /// /dev/iommu used as a VFIO container, type1v2.
+    IommufdCompatType1v2,
+    /// Native iommufd: IOAS + VFIO cdev.
+    Iommufd,
+}
+
+/// Every mode, in the order cases are run and listed.
+pub const IOMMU_MODES: &[(IommuMode, &str)] = &[
+    (IommuMode::None, "none"),
+    (IommuMode::VfioType1Iommu, "vfio_type1_iommu"),
+    (IommuMode::VfioType1v2Iommu, "vfio_type1v2_iommu"),
+    (IommuMode::IommufdCompatType1, "iommufd_compat_type1"),
+    (IommuMode::IommufdCompatType1v2, "iommufd_compat_type1v2"),
+    (IommuMode::Iommufd, "iommufd"),
+];
+
+impl IommuMode {
+    /// The selftests' name of the mode.
+    pub fn name(self) -> &'static str {
+        IOMMU_MODES
+            .iter()
+            .find(|(m, _)| *m == self)
+            .map(|(_, n)| *n)
+            .unwrap_or("?")
+    }
+}
+
+/// Where the buffer's memory comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Backing {
+    /// The selftests' name of the backing.
+    pub name: &'static str,
+    /// Created with memfd_create + ftruncate and mapped MAP_SHARED (else anonymous MAP_PRIVATE).
+    pub memfd: bool,
+    /// hugetlb page size in KiB, or None for base pages.
+    pub hugetlb_kb: Option<u64>,
+}
+
+impl Backing {
+    /// Size of one page of this backing, in bytes.
+    pub fn page_size(&self) -> u64 {
+        self.hugetlb_kb.map_or(4096, |kb| kb * 1024)
+    }
+}
+
+/// Every backing, as the selftests name them.
+pub const BACKINGS: &[Backing] = &[
+    Backing {
+        name: "anonymous",
+        memfd: false,
+        hugetlb_kb: None,
+    },
+    Backing {
+        name: "anonymous_hugetlb_2mb",
+        memfd: false,
+        hugetlb_kb: Some(2048),
+    },
+    Backing {
+        name: "anonymous_hugetlb_1gb",
+        memfd: false,
+        hugetlb_kb: Some(1 << 20),
+    },
+    Backing {
+        name: "memfd",
+        memfd: true,
+        hugetlb_kb: None,
+    },
+    Backing {
+        name: "memfd_hugetlb_2mb",
+        memfd: true,
+        hugetlb_kb: Some(2048),
+    },
+    Backing {
+        name: "memfd_hugetlb_1gb",
+        memfd: true,
+        hugetlb_kb: Some(1 << 20),
+    },
+];
+
+/// How the buffer is faulted in before the map.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Prefault {
+    /// Not at all: faults happen later (inside the DMA map's pinning, for DMA modes).
+    None,
+    /// MAP_POPULATE: the kernel faults everything in inside mmap.
+    Populate,
+    /// User space writes one byte per page after mmap (CPU page faults).
+    Touch,
+}
+
+/// Every prefault, in run order.
+pub const PREFAULTS: &[Prefault] = &[Prefault::None, Prefault::Populate, Prefault::Touch];
+
+impl Prefault {
+    /// The name used in case names.
+    pub fn name(self) -> &'static str {
+        match self {
+            Prefault::None => "none",
+            Prefault::Populate => "populate",
+            Prefault::Touch => "touch",
+        }
+    }
+}
+
+/// One cell of the matrix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Case {
+    /// IOMMU mode.
+    pub mode: IommuMode,
+    /// Memory backing.
+    pub backing: Backing,
+    /// Prefault strategy.
+    pub prefault: Prefault,
+}
+
+impl Case {
+    /// `<mode>_<backing>`, the selftests' variant name.
+    pub fn variant(&self) -> String {
+        format!("{}_{}", self.mode.name(), self.backing.name)
+    }
+
+    /// `<mode>_<backing>.<prefault>`, the case name globs match.
+    pub fn name(&self) -> String {
+        format!("{}.{}", self.variant(), self.prefault.name())
+    }
+}
+
+/// The whole matrix, in run order (mode, then backing, then prefault).
+pub fn all_cases() -> Vec<Case> {
+    IOMMU_MODES
+        .iter()
+        .flat_map(|&(mode, _)| {
+            BACKINGS.iter().flat_map(move |&backing| {
+                PREFAULTS.iter().map(move |&prefault| Case {
+                    mode,
+                    backing,
+                    prefault,
+                })
+            })
+        })
+        .collect()
+}
+
+/// Why a selection was rejected.
+#[derive(Debug, thiserror::Error)]
+pub enum SelectError {
+    /// A pattern is not a valid glob.
+    #[error("bad -v pattern `{pattern}`: {reason}")]
+    BadGlob {
+        /// The pattern as given.
+        pattern: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A pattern matched no case.
+    #[error(
+        "-v `{0}` matches no case; cases are named <mode>_<backing>.<prefault>, e.g. none_anonymous.populate (list them with `dmaprof list`)"
+    )]
+    NoMatch(String),
+}
+
+/// Selects cases with shell-style globs. A pattern without a `.` matches the variant
+/// (`<mode>_<backing>`, as in the selftests), so every prefault of it is selected. No patterns
+/// select everything; a pattern that selects nothing is an error rather than a silent no-op.
+pub fn select(cases: &[Case], patterns: &[String], prefaults: &[Prefault]) -> Result<Vec<Case>, SelectError> {
+    let mut globs = Vec::new();
+    for p in patterns {
+        let glob = glob::Pattern::new(p).map_err(|e| SelectError::BadGlob {
+            pattern: p.clone(),
+            reason: e.msg.to_owned(),
+        })?;
+        globs.push((p, glob, p.contains('.')));
+    }
+    let matches = |case: &Case, glob: &glob::Pattern, whole: bool| {
+        if whole {
+            glob.matches(&case.name())
+        } else {
+            glob.matches(&case.variant())
+        }
+    };
+    for (p, glob, whole) in &globs {
+        if !cases.iter().any(|c| matches(c, glob, *whole)) {
+            return Err(SelectError::NoMatch((*p).clone()));
+        }
+    }
+    Ok(cases
+        .iter()
+        .filter(|c| prefaults.contains(&c.prefault))
+        .filter(|c| globs.is_empty() || globs.iter().any(|(_, g, w)| matches(c, g, *w)))
+        .copied()
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(patterns: &[&str]) -> Result<Vec<String>, SelectError> {
+        let p: Vec<String> = patterns.iter().map(|s| s.to_string()).collect();
+        Ok(select(&all_cases(), &p, PREFAULTS)?.iter().map(Case::name).collect())
+    }
+
+    #[test]
+    fn matrix_is_complete_and_named_like_the_selftests() {
+        let all = all_cases();
+        assert_eq!(all.len(), IOMMU_MODES.len() * BACKINGS.len() * PREFAULTS.len());
+        let n: Vec<String> = all.iter().map(Case::name).collect();
+        assert!(n.contains(&"none_anonymous_hugetlb_2mb.populate".to_string()));
+        assert!(n.contains(&"vfio_type1_iommu_memfd_hugetlb_1gb.none".to_string()));
+        assert!(n.contains(&"iommufd_memfd_hugetlb_1gb.touch".to_string()));
+    }
+
+    #[test]
+    fn globs_select() {
+        assert_eq!(names(&["none_*"]).unwrap().len(), BACKINGS.len() * 3);
+        assert_eq!(
+            names(&["none_anonymous.populate"]).unwrap(),
+            ["none_anonymous.populate"]
+        );
+        assert_eq!(
+            names(&["iommufd_memfd_hugetlb_1gb.*"]).unwrap(),
+            [
+                "iommufd_memfd_hugetlb_1gb.none",
+                "iommufd_memfd_hugetlb_1gb.populate",
+                "iommufd_memfd_hugetlb_1gb.touch"
+            ]
+        );
+        // A bare variant name selects its prefaults, as `-v` does in the selftests.
+        assert_eq!(names(&["none_memfd"]).unwrap().len(), 3);
+        assert_eq!(names(&["none_anonymous", "none_memfd.touch"]).unwrap().len(), 4);
+        assert_eq!(names(&[]).unwrap().len(), all_cases().len());
+    }
+
+    #[test]
+    fn bad_globs_are_errors() {
+        assert!(matches!(names(&["nothing_*"]), Err(SelectError::NoMatch(_))));
+        assert!(matches!(names(&["none_[a"]), Err(SelectError::BadGlob { .. })));
+        assert!(matches!(names(&["none_*", "zzz"]), Err(SelectError::NoMatch(_))));
+    }
+
+    #[test]
+    fn prefault_filter() {
+        let only = select(&all_cases(), &["none_anonymous".into()], &[Prefault::Touch]).unwrap();
+        assert_eq!(
+            only.iter().map(Case::name).collect::<Vec<_>>(),
+            ["none_anonymous.touch"]
+        );
+    }
+}

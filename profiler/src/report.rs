@@ -1,0 +1,385 @@
+//! The report: `report.json` (schema `dmaprof.report.v1`) and the tables on stdout.
+use std::{collections::BTreeMap, fmt::Write as _};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{attribution::CATEGORIES, capabilities::Capability, probes::ProbeStatus};
+
+/// Schema tag of report.json.
+pub const SCHEMA: &str = "dmaprof.report.v1";
+
+/// A whole run.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Report {
+    /// Always [`SCHEMA`].
+    pub schema: String,
+    /// dmaprof's version.
+    pub dmaprof_version: String,
+    /// The kernel measured.
+    pub kernel: KernelInfo,
+    /// What the host can do (as `dmaprof doctor` reports it).
+    pub capabilities: BTreeMap<String, Capability>,
+    /// Run options.
+    pub config: Config,
+    /// Cases that ran.
+    pub cases: Vec<CaseReport>,
+    /// Cases that were selected but could not run here, with why.
+    pub skipped: Vec<Skipped>,
+    /// Which probes attached (per run; the same for every case).
+    #[serde(default)]
+    pub probes: Vec<ProbeStatusRecord>,
+    /// True when the run was interrupted and the report covers only what finished.
+    #[serde(default)]
+    pub partial: bool,
+}
+
+/// Kernel facts.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct KernelInfo {
+    /// uname -r.
+    pub release: String,
+    /// uname -v.
+    #[serde(default)]
+    pub version: String,
+    /// uname -m.
+    #[serde(default)]
+    pub machine: String,
+}
+
+/// Run options.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Config {
+    /// Buffer size per case.
+    pub size_bytes: u64,
+    /// Traced iterations per case.
+    pub iterations: u32,
+    /// Stack sampling frequency.
+    pub freq_hz: u64,
+    /// The -v patterns.
+    #[serde(default)]
+    pub variants: Vec<String>,
+    /// The prefaults selected.
+    #[serde(default)]
+    pub prefaults: Vec<String>,
+}
+
+/// A probe's attachment, as recorded in the report.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ProbeStatusRecord {
+    /// Function or event.
+    pub function: String,
+    /// Mechanism.
+    pub mechanism: String,
+    /// Attached or not.
+    pub attached: bool,
+    /// Why not.
+    pub error: Option<String>,
+}
+
+impl From<&ProbeStatus> for ProbeStatusRecord {
+    fn from(p: &ProbeStatus) -> Self {
+        Self {
+            function: p.function.clone(),
+            mechanism: p.mechanism.to_owned(),
+            attached: p.attached,
+            error: p.error.clone(),
+        }
+    }
+}
+
+/// One case.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CaseReport {
+    /// `<mode>_<backing>.<prefault>`.
+    pub name: String,
+    /// IOMMU mode name.
+    pub iommu_mode: String,
+    /// Backing name.
+    pub backing: String,
+    /// Prefault name.
+    pub prefault: String,
+    /// Buffer size.
+    pub size_bytes: u64,
+    /// Backing page size.
+    #[serde(default)]
+    pub page_size: u64,
+    /// Phases in execution order.
+    pub phases: Vec<PhaseReport>,
+}
+
+/// Median/min/max over iterations, plus every run.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Stats {
+    /// Median (mean of the middle two for even counts).
+    pub median: u64,
+    /// Minimum.
+    pub min: u64,
+    /// Maximum.
+    pub max: u64,
+    /// Every iteration's value, in order.
+    pub runs: Vec<u64>,
+}
+
+impl Stats {
+    /// Stats of `runs`.
+    pub fn of(runs: Vec<u64>) -> Self {
+        let mut s = runs.clone();
+        s.sort_unstable();
+        let median = match s.len() {
+            0 => 0,
+            n if n % 2 == 1 => s[n / 2],
+            n => (s[n / 2 - 1] + s[n / 2]) / 2,
+        };
+        Self {
+            median,
+            min: s.first().copied().unwrap_or(0),
+            max: s.last().copied().unwrap_or(0),
+            runs,
+        }
+    }
+}
+
+/// Sampled-stack breakdown of a phase.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Sampled {
+    /// Samples taken (all iterations).
+    pub samples: u64,
+    /// Samples lost (map full, stack collisions).
+    #[serde(default)]
+    pub lost: u64,
+    /// Share of samples per category (sums to 1 when samples > 0).
+    pub categories: BTreeMap<String, f64>,
+}
+
+/// Counters of a phase: medians over iterations (lost events: the total).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Counters {
+    /// CPU page faults from the exceptions:page_fault_user tracepoint.
+    pub faults: u64,
+    /// Minor faults from getrusage (also counts GUP-driven faults).
+    #[serde(default)]
+    pub minor_faults: u64,
+    /// Major faults from getrusage.
+    #[serde(default)]
+    pub major_faults: u64,
+    /// Syscalls completed (raw_syscalls tracepoints).
+    #[serde(default)]
+    pub syscalls: u64,
+    /// Syscall exits without a matching entry (lost events).
+    #[serde(default)]
+    pub unbalanced: u64,
+}
+
+/// One phase of one case.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PhaseReport {
+    /// Phase name.
+    pub name: String,
+    /// Wall time per iteration (user-space monotonic clock).
+    pub wall_ns: Stats,
+    /// Time inside syscalls per iteration, measured in the kernel (raw_syscalls enter/exit).
+    #[serde(default)]
+    pub kernel_ns: Stats,
+    /// Throughput at the median wall time.
+    #[serde(default)]
+    pub gib_per_s: f64,
+    /// Sampled-stack category shares.
+    pub sampled: Sampled,
+    /// Counters.
+    pub counters: Counters,
+    /// Folded-stack file, relative to the report's directory.
+    pub folded: String,
+    /// SVG flamegraph, relative to the report's directory.
+    pub flamegraph: String,
+}
+
+/// A case that did not run.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Skipped {
+    /// Case name.
+    pub name: String,
+    /// Why.
+    pub reason: String,
+}
+
+/// Why a saved report could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// Not readable.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Not JSON of our schema.
+    #[error("{path} is not a dmaprof report: {reason}")]
+    Format {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// Reads and validates a saved report.json.
+pub fn read(path: &std::path::Path) -> Result<Report, ReadError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ReadError::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
+    parse(&text).map_err(|reason| ReadError::Format {
+        path: path.display().to_string(),
+        reason,
+    })
+}
+
+/// Parses report.json text, checking the schema tag first for a clear error.
+pub fn parse(text: &str) -> Result<Report, String> {
+    let value: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("invalid JSON ({e})"))?;
+    match value.get("schema").and_then(|s| s.as_str()) {
+        Some(SCHEMA) => {}
+        Some(other) => return Err(format!("schema is `{other}`, this dmaprof reads `{SCHEMA}`")),
+        None => return Err(format!("no \"schema\" field (expected `{SCHEMA}`)")),
+    }
+    serde_json::from_value(value).map_err(|e| format!("does not match {SCHEMA}: {e}"))
+}
+
+fn ms(ns: u64) -> String {
+    let ms = ns as f64 / 1e6;
+    if ms >= 100.0 {
+        format!("{ms:.0}")
+    } else if ms >= 1.0 {
+        format!("{ms:.2}")
+    } else {
+        format!("{ms:.3}")
+    }
+}
+
+/// Renders the human-readable tables: one per case.
+pub fn render_table(report: &Report) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "dmaprof on Linux {} ({}), {} per case, {} iterations, sampling at {} Hz{}",
+        report.kernel.release,
+        report.kernel.machine,
+        crate::size::HumanSize(report.config.size_bytes),
+        report.config.iterations,
+        report.config.freq_hz,
+        if report.partial {
+            " -- PARTIAL (interrupted)"
+        } else {
+            ""
+        }
+    );
+    let cat_names: Vec<&str> = CATEGORIES.iter().map(|c| c.name()).collect();
+    for case in &report.cases {
+        let _ = writeln!(out, "\n{}", case.name);
+        let _ = write!(
+            out,
+            "  {:<13}{:>10}{:>10}{:>10}{:>8}{:>10}{:>9}{:>8}",
+            "phase", "median ms", "min ms", "max ms", "GiB/s", "kernel ms", "faults", "samples"
+        );
+        for c in &cat_names {
+            let _ = write!(out, " {:>9}", short(c));
+        }
+        out.push('\n');
+        for p in &case.phases {
+            // Throughput of a phase that takes microseconds says nothing about memory.
+            let gib = if p.gib_per_s > 0.0 && p.wall_ns.median >= 100_000 {
+                format!("{:.2}", p.gib_per_s)
+            } else {
+                "-".into()
+            };
+            let _ = write!(
+                out,
+                "  {:<13}{:>10}{:>10}{:>10}{:>8}{:>10}{:>9}{:>8}",
+                p.name,
+                ms(p.wall_ns.median),
+                ms(p.wall_ns.min),
+                ms(p.wall_ns.max),
+                gib,
+                ms(p.kernel_ns.median),
+                p.counters.faults,
+                p.sampled.samples
+            );
+            for c in &cat_names {
+                let share = p.sampled.categories.get(*c).copied().unwrap_or(0.0);
+                let cell = if p.sampled.samples == 0 {
+                    "-".to_owned()
+                } else {
+                    format!("{:.0}%", share * 100.0)
+                };
+                let _ = write!(out, " {cell:>9}");
+            }
+            out.push('\n');
+        }
+    }
+    if !report.skipped.is_empty() {
+        let _ = writeln!(out, "\nskipped:");
+        for s in &report.skipped {
+            let _ = writeln!(out, "  {:<40} {}", s.name, s.reason);
+        }
+    }
+    let missing: Vec<&ProbeStatusRecord> = report.probes.iter().filter(|p| !p.attached).collect();
+    if !missing.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nprobes not attached (their numbers are missing from the report):"
+        );
+        for p in missing {
+            let _ = writeln!(
+                out,
+                "  {:<32} {:<11} {}",
+                p.function,
+                p.mechanism,
+                p.error.as_deref().unwrap_or("")
+            );
+        }
+    }
+    out
+}
+
+fn short(category: &str) -> &str {
+    match category {
+        "iommu_map" => "iommu_map",
+        "iommu_flush" => "iotlb",
+        "accounting" => "acct",
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats() {
+        assert_eq!(
+            Stats::of(vec![3, 1, 2]),
+            Stats {
+                median: 2,
+                min: 1,
+                max: 3,
+                runs: vec![3, 1, 2]
+            }
+        );
+        assert_eq!(Stats::of(vec![4, 1]).median, 2);
+        assert_eq!(Stats::of(vec![]).median, 0);
+    }
+
+    #[test]
+    fn schema_errors_are_clear() {
+        assert!(parse("{").unwrap_err().contains("invalid JSON"));
+        assert!(parse(r#"{"schema":"other.v9"}"#).unwrap_err().contains("other.v9"));
+        assert!(parse(r#"{"cases":[]}"#).unwrap_err().contains("no \"schema\""));
+        assert!(
+            parse(r#"{"schema":"dmaprof.report.v1"}"#)
+                .unwrap_err()
+                .contains("does not match")
+        );
+    }
+}

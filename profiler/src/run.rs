@@ -1,0 +1,437 @@
+//! `dmaprof run`: selects cases, runs them on the calling thread under the probes, and turns
+//! what was measured into a [`Report`] with folded stacks and flamegraphs on disk.
+use std::{
+    collections::BTreeMap,
+    fs,
+    os::fd::AsRawFd as _,
+    path::{Path, PathBuf},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Instant,
+};
+
+use crate::{
+    attribution::{CategoryCounts, classify},
+    capabilities,
+    flamegraph::Folded,
+    hugepages::Reservation,
+    matrix::{self, Case, IommuMode, Prefault},
+    probes::{Drained, ProbeError, Probes, gettid},
+    report::{self, CaseReport, Config, Counters, PhaseReport, Report, Sampled, Skipped, Stats},
+    symbols::KernelSymbols,
+    workload::{self, PHASES, Phase, PhaseObserver, PhaseRun, WorkloadError},
+};
+
+/// Most iterations per case: every (iteration, phase) pair needs its own slot in the BPF maps.
+pub const MAX_ITERATIONS: u32 = (crate::abi::MAX_PHASES - 1) / PHASES.len() as u32;
+
+/// Options of `dmaprof run`, validated.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// Buffer size per case.
+    pub size: u64,
+    /// -v patterns.
+    pub variants: Vec<String>,
+    /// Prefaults to run.
+    pub prefaults: Vec<Prefault>,
+    /// Iterations per case.
+    pub iterations: u32,
+    /// Sampling frequency.
+    pub freq_hz: u64,
+    /// Output directory.
+    pub out: PathBuf,
+}
+
+/// Why a run could not start or finish.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// Bad options (exit code 2).
+    #[error("{0}")]
+    Usage(String),
+    /// Another dmaprof holds the lock.
+    #[error("another dmaprof is running (lock {0} is held): wait for it or stop it")]
+    Locked(String),
+    /// Probes could not be loaded.
+    #[error(transparent)]
+    Probes(#[from] ProbeError),
+    /// Output could not be written.
+    #[error("cannot write {path}: {source}")]
+    Output {
+        /// What.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A case failed while running.
+    #[error("case {case}: {source}")]
+    Case {
+        /// Case name.
+        case: String,
+        /// Why.
+        #[source]
+        source: WorkloadError,
+    },
+}
+
+impl RunError {
+    /// Whether the user should fix their command line (exit code 2) rather than the system.
+    pub fn is_usage(&self) -> bool {
+        matches!(self, RunError::Usage(_))
+    }
+}
+
+/// What the main thread shows as progress: the phase running now and since when.
+#[derive(Default)]
+pub struct Progress {
+    current: Mutex<Option<(String, Instant)>>,
+}
+
+impl Progress {
+    /// The running phase and its start, if any.
+    pub fn current(&self) -> Option<(String, Instant)> {
+        self.current.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn set(&self, v: Option<(String, Instant)>) {
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = v;
+    }
+}
+
+/// Case selection and per-case skip reasons, decided before anything runs.
+pub struct Plan {
+    /// Cases that will run.
+    pub run: Vec<Case>,
+    /// Cases that will not, with why.
+    pub skipped: Vec<Skipped>,
+}
+
+fn mem_available() -> Option<u64> {
+    let s = fs::read_to_string("/proc/meminfo").ok()?;
+    let kb: u64 = s
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
+}
+
+/// Selects the cases and says which cannot run here.
+pub fn plan(opts: &RunOptions) -> Result<Plan, RunError> {
+    let cases = matrix::select(&matrix::all_cases(), &opts.variants, &opts.prefaults)
+        .map_err(|e| RunError::Usage(e.to_string()))?;
+    if cases.is_empty() {
+        return Err(RunError::Usage("no case selected: check -v and --prefault".into()));
+    }
+    let mut run = Vec::new();
+    let mut skipped = Vec::new();
+    for case in cases {
+        let reason = if case.mode != IommuMode::None {
+            Some("DMA-map modes are not implemented in this build yet (only the memory phases, mode `none`)".to_owned())
+        } else if !opts.size.is_multiple_of(case.backing.page_size()) {
+            Some(format!(
+                "size {} is not a multiple of the {} page size",
+                crate::size::HumanSize(opts.size),
+                crate::size::HumanSize(case.backing.page_size())
+            ))
+        } else {
+            None
+        };
+        match reason {
+            Some(reason) => skipped.push(Skipped {
+                name: case.name(),
+                reason,
+            }),
+            None => run.push(case),
+        }
+    }
+    if run.iter().any(|c| c.backing.hugetlb_kb.is_none())
+        && let Some(avail) = mem_available()
+        && opts.size > avail / 10 * 9
+    {
+        return Err(RunError::Usage(format!(
+            "-b {} does not fit in available memory ({}): choose a smaller size",
+            crate::size::HumanSize(opts.size),
+            crate::size::HumanSize(avail / 4096 * 4096)
+        )));
+    }
+    Ok(Plan { run, skipped })
+}
+
+/// Holds the single-instance lock for the run's lifetime.
+pub struct InstanceLock {
+    _file: fs::File,
+}
+
+/// Takes the lock that keeps two dmaprof runs from fighting over hugepages and devices.
+pub fn lock_instance() -> Result<InstanceLock, RunError> {
+    let path = if Path::new("/run").is_dir() {
+        "/run/dmaprof.lock"
+    } else {
+        "/tmp/dmaprof.lock"
+    };
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(|source| RunError::Output {
+            path: path.into(),
+            source,
+        })?;
+    // SAFETY: flock on an fd we own; LOCK_NB makes it fail instead of waiting.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(RunError::Locked(path.into()));
+    }
+    Ok(InstanceLock { _file: file })
+}
+
+/// Routes each phase of each iteration to its own slot in the BPF maps.
+struct SlotObserver<'a> {
+    probes: &'a mut Probes,
+    iteration: u32,
+    progress: &'a Progress,
+    case: String,
+    error: Option<ProbeError>,
+}
+
+fn slot(iteration: u32, phase: Phase) -> u32 {
+    1 + iteration * PHASES.len() as u32 + phase.index() as u32
+}
+
+impl PhaseObserver for SlotObserver<'_> {
+    fn begin(&mut self, phase: Phase) {
+        self.progress
+            .set(Some((format!("{} {}", self.case, phase.name()), Instant::now())));
+        if let Err(e) = self.probes.set_phase(slot(self.iteration, phase)) {
+            self.error.get_or_insert(e);
+        }
+    }
+
+    fn end(&mut self, _phase: Phase) {
+        if let Err(e) = self.probes.set_phase(0) {
+            self.error.get_or_insert(e);
+        }
+        self.progress.set(None);
+    }
+}
+
+/// Runs the plan on the calling thread (the probes watch this thread only).
+pub fn execute(
+    opts: &RunOptions,
+    plan: Plan,
+    cancel: &AtomicBool,
+    progress: &Arc<Progress>,
+) -> Result<Report, RunError> {
+    fs::create_dir_all(&opts.out).map_err(|source| RunError::Output {
+        path: opts.out.display().to_string(),
+        source,
+    })?;
+    let doctor = capabilities::probe_host();
+    let mut probes = Probes::attach(gettid(), opts.freq_hz)?;
+    let symbols = KernelSymbols::load().ok();
+    let mut report = Report {
+        schema: report::SCHEMA.into(),
+        dmaprof_version: env!("CARGO_PKG_VERSION").into(),
+        kernel: doctor.kernel.clone(),
+        capabilities: doctor.capabilities.clone(),
+        config: Config {
+            size_bytes: opts.size,
+            iterations: opts.iterations,
+            freq_hz: opts.freq_hz,
+            variants: opts.variants.clone(),
+            prefaults: opts.prefaults.iter().map(|p| p.name().to_owned()).collect(),
+        },
+        cases: Vec::new(),
+        skipped: plan.skipped,
+        probes: probes.status.iter().map(Into::into).collect(),
+        partial: false,
+    };
+    for case in plan.run {
+        if cancel.load(Ordering::Relaxed) {
+            report.partial = true;
+            break;
+        }
+        let _reservation = match case.backing.hugetlb_kb {
+            Some(kb) => match Reservation::reserve(kb, opts.size / case.backing.page_size()) {
+                Ok(r) => Some(r),
+                Err(reason) => {
+                    eprintln!("dmaprof: skipping {}: {reason}", case.name());
+                    report.skipped.push(Skipped {
+                        name: case.name(),
+                        reason,
+                    });
+                    continue;
+                }
+            },
+            None => None,
+        };
+        eprintln!(
+            "dmaprof: running {} ({} x {})",
+            case.name(),
+            opts.iterations,
+            crate::size::HumanSize(opts.size)
+        );
+        let mut runs: Vec<Vec<PhaseRun>> = Vec::new();
+        let mut failure = None;
+        for iteration in 0..opts.iterations {
+            let mut obs = SlotObserver {
+                probes: &mut probes,
+                iteration,
+                progress,
+                case: case.name(),
+                error: None,
+            };
+            let r = workload::run_iteration(&case, opts.size, &mut obs, cancel);
+            if let Some(e) = obs.error.take() {
+                return Err(e.into());
+            }
+            match r {
+                Ok(r) => runs.push(r),
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
+        }
+        let drained = probes.drain(1 + opts.iterations * PHASES.len() as u32)?;
+        match failure {
+            Some(WorkloadError::Interrupted) => {
+                report.partial = true;
+                if !runs.is_empty() {
+                    report
+                        .cases
+                        .push(case_report(opts, &case, &runs, drained, symbols.as_ref())?);
+                }
+                break;
+            }
+            Some(e) => {
+                return Err(RunError::Case {
+                    case: case.name(),
+                    source: e,
+                });
+            }
+            None => report
+                .cases
+                .push(case_report(opts, &case, &runs, drained, symbols.as_ref())?),
+        }
+    }
+    if cancel.load(Ordering::Relaxed) {
+        report.partial = true;
+    }
+    write_report(&opts.out, &report)?;
+    Ok(report)
+}
+
+/// Writes `report.json` into `dir`.
+pub fn write_report(dir: &Path, report: &Report) -> Result<(), RunError> {
+    let path = dir.join("report.json");
+    let json = serde_json::to_string_pretty(report).expect("reports always serialise");
+    fs::write(&path, json + "\n").map_err(|source| RunError::Output {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+fn case_report(
+    opts: &RunOptions,
+    case: &Case,
+    runs: &[Vec<PhaseRun>],
+    drained: Drained,
+    symbols: Option<&KernelSymbols>,
+) -> Result<CaseReport, RunError> {
+    let name = case.name();
+    let case_dir = opts.out.join(&name);
+    fs::create_dir_all(&case_dir).map_err(|source| RunError::Output {
+        path: case_dir.display().to_string(),
+        source,
+    })?;
+    let counters: BTreeMap<u32, crate::abi::PhaseCounters> = drained.counters.into_iter().collect();
+    // Phase index -> (category counts, folded stacks, lost).
+    let mut by_phase: BTreeMap<usize, (CategoryCounts, Folded)> = BTreeMap::new();
+    let phase_of_slot = |s: u32| ((s - 1) as usize) % PHASES.len();
+    for s in &drained.samples {
+        if s.slot == 0 {
+            continue;
+        }
+        let phase = PHASES[phase_of_slot(s.slot)];
+        let names: Vec<String> = s
+            .kernel
+            .iter()
+            .map(|ip| symbols.map_or_else(|| format!("0x{ip:x}"), |sy| sy.resolve(*ip)))
+            .collect();
+        let (cats, folded) = by_phase.entry(phase.index()).or_default();
+        cats.add(classify(names.iter().map(String::as_str)), s.count);
+        let mut frames = vec![phase.name().to_owned()];
+        if s.has_user || names.is_empty() {
+            frames.push("[user]".into());
+        }
+        frames.extend(names.into_iter().rev());
+        folded.add(frames, s.count);
+    }
+    let mut phases = Vec::new();
+    for &phase in PHASES {
+        let per_iter: Vec<&PhaseRun> = runs
+            .iter()
+            .filter_map(|r| r.iter().find(|p| p.phase == phase))
+            .collect();
+        if per_iter.is_empty() {
+            continue;
+        }
+        let iter_counters: Vec<crate::abi::PhaseCounters> = (0..runs.len() as u32)
+            .map(|i| counters.get(&slot(i, phase)).copied().unwrap_or_default())
+            .collect();
+        let wall = Stats::of(per_iter.iter().map(|p| p.wall_ns).collect());
+        let kernel = Stats::of(iter_counters.iter().map(|c| c.syscall_ns).collect());
+        let (cats, folded) = by_phase.remove(&phase.index()).unwrap_or_default();
+        let stem = phase.name();
+        folded
+            .write(&case_dir, stem, &format!("{name}: {stem}"))
+            .map_err(|source| RunError::Output {
+                path: case_dir.join(stem).display().to_string(),
+                source,
+            })?;
+        // Counters are per iteration (the median), like the times next to them.
+        let med = |f: fn(&crate::abi::PhaseCounters) -> u64| Stats::of(iter_counters.iter().map(f).collect()).median;
+        let sum = |f: fn(&crate::abi::PhaseCounters) -> u64| iter_counters.iter().map(f).sum::<u64>();
+        let gib_per_s = if wall.median > 0 && phase != Phase::Close && phase != Phase::MemfdCreate {
+            opts.size as f64 / (1u64 << 30) as f64 / (wall.median as f64 / 1e9)
+        } else {
+            0.0
+        };
+        phases.push(PhaseReport {
+            name: stem.into(),
+            wall_ns: wall,
+            kernel_ns: kernel,
+            gib_per_s,
+            sampled: Sampled {
+                samples: cats.total(),
+                lost: sum(|c| c.lost_samples),
+                categories: cats.shares().into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+            },
+            counters: Counters {
+                faults: med(|c| c.user_faults),
+                minor_faults: Stats::of(per_iter.iter().map(|p| p.minor_faults).collect()).median,
+                major_faults: Stats::of(per_iter.iter().map(|p| p.major_faults).collect()).median,
+                syscalls: med(|c| c.syscalls),
+                unbalanced: sum(|c| c.unbalanced),
+            },
+            folded: format!("{name}/{stem}.folded"),
+            flamegraph: format!("{name}/{stem}.svg"),
+        });
+    }
+    Ok(CaseReport {
+        name,
+        iommu_mode: case.mode.name().into(),
+        backing: case.backing.name.into(),
+        prefault: case.prefault.name().into(),
+        size_bytes: opts.size,
+        page_size: case.backing.page_size(),
+        phases,
+    })
+}

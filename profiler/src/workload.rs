@@ -1,0 +1,281 @@
+//! The workload: memfd_create / mmap / prefault / munmap / close of one buffer, phase by phase,
+//! on the calling thread (the one the probes watch).
+use std::{
+    ffi::CStr,
+    sync::atomic::{AtomicBool, Ordering},
+    time::Instant,
+};
+
+use serde::Serialize;
+
+use crate::matrix::{Backing, Case, Prefault};
+
+/// A timed step of one iteration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// memfd_create + ftruncate (memfd backings).
+    MemfdCreate,
+    /// mmap (with MAP_POPULATE when prefault is populate).
+    Mmap,
+    /// User space writes one byte per page (prefault touch).
+    Touch,
+    /// The DMA map ioctl.
+    Map,
+    /// The DMA unmap ioctl.
+    Unmap,
+    /// munmap.
+    Munmap,
+    /// close of the memfd.
+    Close,
+}
+
+/// Every phase, in execution order.
+pub const PHASES: &[Phase] = &[
+    Phase::MemfdCreate,
+    Phase::Mmap,
+    Phase::Touch,
+    Phase::Map,
+    Phase::Unmap,
+    Phase::Munmap,
+    Phase::Close,
+];
+
+impl Phase {
+    /// Name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::MemfdCreate => "memfd_create",
+            Phase::Mmap => "mmap",
+            Phase::Touch => "touch",
+            Phase::Map => "map",
+            Phase::Unmap => "unmap",
+            Phase::Munmap => "munmap",
+            Phase::Close => "close",
+        }
+    }
+
+    /// Position in [`PHASES`].
+    pub fn index(self) -> usize {
+        PHASES.iter().position(|p| *p == self).unwrap_or(0)
+    }
+}
+
+/// Told when each phase starts and ends (the probes switch their phase slot here).
+pub trait PhaseObserver {
+    /// Right before the phase's clock starts.
+    fn begin(&mut self, phase: Phase);
+    /// Right after the phase's clock stops.
+    fn end(&mut self, phase: Phase);
+}
+
+/// An observer that observes nothing (untraced runs).
+pub struct Untraced;
+
+impl PhaseObserver for Untraced {
+    fn begin(&mut self, _: Phase) {}
+    fn end(&mut self, _: Phase) {}
+}
+
+/// What one phase of one iteration measured in user space.
+#[derive(Clone, Copy, Debug)]
+pub struct PhaseRun {
+    /// Which phase.
+    pub phase: Phase,
+    /// Wall time, user-space monotonic clock.
+    pub wall_ns: u64,
+    /// Minor faults of this thread during the phase (getrusage; includes GUP-driven faults).
+    pub minor_faults: u64,
+    /// Major faults likewise.
+    pub major_faults: u64,
+}
+
+/// Why an iteration failed.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkloadError {
+    /// A syscall failed.
+    #[error("{call} failed: {source}")]
+    Syscall {
+        /// What was called.
+        call: &'static str,
+        /// errno.
+        source: std::io::Error,
+    },
+    /// Ctrl-C or another stop signal arrived.
+    #[error("interrupted")]
+    Interrupted,
+}
+
+fn last_error(call: &'static str) -> WorkloadError {
+    WorkloadError::Syscall {
+        call,
+        source: std::io::Error::last_os_error(),
+    }
+}
+
+fn thread_faults() -> (u64, u64) {
+    // SAFETY: getrusage writes into the zeroed struct we pass; RUSAGE_THREAD is valid on Linux.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
+    (ru.ru_minflt as u64, ru.ru_majflt as u64)
+}
+
+/// The buffer under test; unmapped and closed on drop, whatever phase failed.
+struct Buffer {
+    fd: Option<libc::c_int>,
+    addr: Option<(*mut libc::c_void, usize)>,
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        if let Some((addr, len)) = self.addr.take() {
+            // SAFETY: addr/len are exactly what mmap returned; nothing else refers to them.
+            unsafe { libc::munmap(addr, len) };
+        }
+        if let Some(fd) = self.fd.take() {
+            // SAFETY: fd is ours, returned by memfd_create.
+            unsafe { libc::close(fd) };
+        }
+    }
+}
+
+fn huge_flag(backing: &Backing) -> libc::c_int {
+    match backing.hugetlb_kb {
+        // MAP_HUGE_* and MFD_HUGE_* share the encoding: log2(page size) << 26.
+        Some(kb) => ((kb * 1024).trailing_zeros() as libc::c_int) << libc::MAP_HUGE_SHIFT,
+        None => 0,
+    }
+}
+
+/// Runs one iteration of `case` on `size` bytes: every phase the case has, in order.
+/// `dma` runs the map/unmap phases (None for mode `none`).
+pub fn run_iteration(
+    case: &Case,
+    size: u64,
+    observer: &mut dyn PhaseObserver,
+    cancel: &AtomicBool,
+) -> Result<Vec<PhaseRun>, WorkloadError> {
+    let len = usize::try_from(size).map_err(|_| WorkloadError::Syscall {
+        call: "mmap",
+        source: std::io::Error::from_raw_os_error(libc::EOVERFLOW),
+    })?;
+    let backing = case.backing;
+    let mut runs = Vec::new();
+    let mut buf = Buffer { fd: None, addr: None };
+    let mut timed = |phase: Phase, f: &mut dyn FnMut() -> Result<(), WorkloadError>| {
+        if cancel.load(Ordering::Relaxed) {
+            return Err(WorkloadError::Interrupted);
+        }
+        let (min0, maj0) = thread_faults();
+        observer.begin(phase);
+        let t0 = Instant::now();
+        let r = f();
+        let wall_ns = t0.elapsed().as_nanos() as u64;
+        observer.end(phase);
+        let (min1, maj1) = thread_faults();
+        r?;
+        runs.push(PhaseRun {
+            phase,
+            wall_ns,
+            minor_faults: min1 - min0,
+            major_faults: maj1 - maj0,
+        });
+        Ok(())
+    };
+
+    if backing.memfd {
+        timed(Phase::MemfdCreate, &mut || {
+            let name: &CStr = c"dmaprof";
+            let flags = libc::MFD_CLOEXEC
+                | if backing.hugetlb_kb.is_some() {
+                    libc::MFD_HUGETLB | huge_flag(&backing) as u32
+                } else {
+                    0
+                };
+            // SAFETY: name is a valid C string; flags are valid MFD_* bits.
+            let fd = unsafe { libc::memfd_create(name.as_ptr(), flags) };
+            if fd < 0 {
+                return Err(last_error("memfd_create"));
+            }
+            buf.fd = Some(fd);
+            // SAFETY: fd is a memfd we own.
+            if unsafe { libc::ftruncate(fd, size as libc::off_t) } != 0 {
+                return Err(last_error("ftruncate"));
+            }
+            Ok(())
+        })?;
+    }
+
+    timed(Phase::Mmap, &mut || {
+        let mut flags = if backing.memfd {
+            libc::MAP_SHARED
+        } else {
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS
+        };
+        if backing.hugetlb_kb.is_some() && !backing.memfd {
+            flags |= libc::MAP_HUGETLB | huge_flag(&backing);
+        }
+        if case.prefault == Prefault::Populate {
+            flags |= libc::MAP_POPULATE;
+        }
+        let fd = buf.fd.unwrap_or(-1);
+        // SAFETY: a fresh mapping at a kernel-chosen address; the result is checked.
+        let addr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                flags,
+                fd,
+                0,
+            )
+        };
+        if addr == libc::MAP_FAILED {
+            return Err(last_error("mmap"));
+        }
+        buf.addr = Some((addr, len));
+        Ok(())
+    })?;
+
+    if case.prefault == Prefault::Touch {
+        let (addr, len) = buf.addr.expect("mapped above");
+        let step = backing.page_size() as usize;
+        timed(Phase::Touch, &mut || {
+            let base = addr.cast::<u8>();
+            for (i, off) in (0..len).step_by(step).enumerate() {
+                // Check for Ctrl-C every 64 MiB or so, not per page.
+                if i % 16384 == 0 && cancel.load(Ordering::Relaxed) {
+                    return Err(WorkloadError::Interrupted);
+                }
+                // SAFETY: off < len, inside our read-write mapping; volatile so the write (and
+                // the fault it causes) is not optimised away.
+                unsafe { std::ptr::write_volatile(base.add(off), 1) };
+            }
+            Ok(())
+        })?;
+    }
+
+    timed(Phase::Munmap, &mut || {
+        if let Some((addr, len)) = buf.addr.take() {
+            // SAFETY: exactly the mapping mmap returned.
+            if unsafe { libc::munmap(addr, len) } != 0 {
+                return Err(last_error("munmap"));
+            }
+        }
+        Ok(())
+    })?;
+
+    if backing.memfd {
+        timed(Phase::Close, &mut || {
+            if let Some(fd) = buf.fd.take() {
+                // SAFETY: our memfd.
+                if unsafe { libc::close(fd) } != 0 {
+                    return Err(last_error("close"));
+                }
+            }
+            Ok(())
+        })?;
+    }
+    Ok(runs)
+}

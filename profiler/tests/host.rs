@@ -1,0 +1,365 @@
+//! End-to-end tests on this machine's real kernel: real BPF loads and attaches, real mmaps and
+//! faults. They run the built `dmaprof` binary as a user would.
+//!
+//! They need root (BPF, perf events, hugepage pools). Without it they fail, unless
+//! DMAPROF_ALLOW_SKIP=1 is set, in which case each prints a SKIPPED line with the reason.
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::{Command, Output},
+};
+
+use profiler::flamegraph::Folded;
+use serde_json::Value;
+
+/// dmaprof runs one at a time (it takes a lock); so do the tests that run it.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn dmaprof() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_dmaprof"))
+}
+
+/// False (after saying so) when the test cannot run here and skipping is allowed.
+fn can_run(test: &str) -> bool {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    if std::env::var_os("DMAPROF_ALLOW_SKIP").is_some() {
+        eprintln!("SKIPPED {test}: needs root (BPF, perf events, hugepage pools)");
+        return false;
+    }
+    panic!("{test} needs root; run as root or set DMAPROF_ALLOW_SKIP=1 to skip it");
+}
+
+fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("dmaprof-test-{name}-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&d);
+    d
+}
+
+fn ok(out: &Output) {
+    assert!(
+        out.status.success(),
+        "dmaprof failed ({}):\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Runs `dmaprof run --json` with `args` into a fresh directory; returns (report, dir).
+fn run_json(name: &str, args: &[&str]) -> (Value, PathBuf) {
+    let dir = tmpdir(name);
+    let out = dmaprof()
+        .args(["run", "--json", "-o"])
+        .arg(&dir)
+        .args(args)
+        .output()
+        .unwrap();
+    ok(&out);
+    let report: Value = serde_json::from_slice(&out.stdout).expect("stdout is the JSON report");
+    let on_disk: Value = serde_json::from_str(&fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
+    assert_eq!(report, on_disk, "--json prints what report.json holds");
+    (report, dir)
+}
+
+fn case<'a>(report: &'a Value, name: &str) -> &'a Value {
+    report["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("case {name} missing; skipped: {}", report["skipped"]))
+}
+
+fn phase<'a>(case: &'a Value, name: &str) -> &'a Value {
+    case["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == name)
+        .unwrap_or_else(|| panic!("phase {name} missing in {}", case["name"]))
+}
+
+#[test]
+fn doctor_finds_what_this_host_has() {
+    let _serial = serial();
+    if !can_run("doctor_finds_what_this_host_has") {
+        return;
+    }
+    let out = dmaprof().args(["doctor", "--json"]).output().unwrap();
+    ok(&out);
+    let d: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(!d["kernel"]["release"].as_str().unwrap().is_empty());
+    let caps = &d["capabilities"];
+    for name in [
+        "btf_vmlinux",
+        "btf_modules",
+        "kprobes",
+        "fentry",
+        "tracepoints",
+        "perf_sampling",
+        "vfio_type1",
+        "iommufd",
+        "vfio_cdev",
+        "map_file",
+        "privileges",
+    ] {
+        assert!(caps[name]["ok"].is_boolean(), "capability {name} missing: {caps}");
+        assert!(
+            !caps[name]["detail"].as_str().unwrap().is_empty(),
+            "{name} has no detail"
+        );
+    }
+    // Independent oracles for what the kernel offers.
+    let has = |p: &str| Path::new(p).exists();
+    assert_eq!(
+        caps["kprobes"]["ok"],
+        has("/sys/bus/event_source/devices/kprobe"),
+        "kprobes: {}",
+        caps["kprobes"]
+    );
+    assert_eq!(
+        caps["vfio_type1"]["ok"],
+        has("/dev/vfio/vfio"),
+        "vfio: {}",
+        caps["vfio_type1"]
+    );
+    assert_eq!(caps["iommufd"]["ok"], has("/dev/iommu"), "iommufd: {}", caps["iommufd"]);
+    assert_eq!(caps["btf_vmlinux"]["ok"], has("/sys/kernel/btf/vmlinux"));
+    assert_eq!(caps["tracepoints"]["ok"], true, "{}", caps["tracepoints"]);
+    assert_eq!(caps["perf_sampling"]["ok"], true, "{}", caps["perf_sampling"]);
+    assert_eq!(caps["privileges"]["ok"], true);
+    if !caps["iommufd"]["ok"].as_bool().unwrap() {
+        assert_eq!(caps["map_file"]["ok"], false);
+    }
+    for h in d["hugepages"].as_array().unwrap() {
+        assert!(h["size_kb"].as_u64().unwrap() >= 2048);
+    }
+    assert!(d["vfio_devices"].is_array());
+    // The human table names the same facts.
+    let table = dmaprof().arg("doctor").output().unwrap();
+    ok(&table);
+    let t = String::from_utf8_lossy(&table.stdout);
+    assert!(t.contains("perf_sampling") && t.contains("kprobes"));
+}
+
+#[test]
+fn populate_is_zeroing_and_faulting_inside_mmap() {
+    let _serial = serial();
+    if !can_run("populate_is_zeroing_and_faulting_inside_mmap") {
+        return;
+    }
+    let (r, dir) = run_json(
+        "populate",
+        &["-b", "1G", "-v", "none_anonymous.populate", "-n", "1", "--freq", "4999"],
+    );
+    let mmap = phase(case(&r, "none_anonymous.populate"), "mmap");
+    let samples = mmap["sampled"]["samples"].as_u64().unwrap();
+    assert!(
+        samples >= 500,
+        "1 GiB MAP_POPULATE at 4999 Hz should give >= 500 samples, got {samples}"
+    );
+    let cats = &mmap["sampled"]["categories"];
+    let zf = cats["zeroing"].as_f64().unwrap() + cats["faulting"].as_f64().unwrap();
+    assert!(zf > 0.5, "zeroing+faulting should dominate MAP_POPULATE: {cats}");
+    let total: f64 = cats.as_object().unwrap().values().map(|v| v.as_f64().unwrap()).sum();
+    assert!((total - 1.0).abs() < 1e-6, "shares sum to 1: {total}");
+    // The kernel-side syscall time is inside the user-space wall time.
+    let wall = mmap["wall_ns"]["median"].as_u64().unwrap();
+    let kernel = mmap["kernel_ns"]["median"].as_u64().unwrap();
+    assert!(kernel > 0 && kernel <= wall, "kernel {kernel} ns vs wall {wall} ns");
+    assert!(
+        mmap["counters"]["minor_faults"].as_u64().unwrap() >= 262_144,
+        "GUP-driven faults counted by rusage"
+    );
+    fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn touch_faults_are_counted_and_none_has_none() {
+    let _serial = serial();
+    if !can_run("touch_faults_are_counted_and_none_has_none") {
+        return;
+    }
+    let (r, dir) = run_json(
+        "touch",
+        &[
+            "-b",
+            "1G",
+            "-v",
+            "none_anonymous",
+            "--prefault",
+            "none,touch",
+            "-n",
+            "1",
+        ],
+    );
+    let touch = phase(case(&r, "none_anonymous.touch"), "touch");
+    let faults = touch["counters"]["faults"].as_u64().unwrap();
+    assert!(
+        (262_144 * 99 / 100..=262_144 * 101 / 100).contains(&faults),
+        "1 GiB of 4 KiB pages: ~262144 faults, got {faults}"
+    );
+    let none = case(&r, "none_anonymous.none");
+    for p in none["phases"].as_array().unwrap() {
+        assert_eq!(
+            p["counters"]["faults"], 0,
+            "prefault none faults nothing in {}",
+            p["name"]
+        );
+    }
+    assert!(
+        r["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["name"] != "none_anonymous.populate"),
+        "--prefault filters"
+    );
+    fs::remove_dir_all(dir).unwrap();
+}
+
+fn nr_hugepages(kb: u64) -> Option<u64> {
+    fs::read_to_string(format!("/sys/kernel/mm/hugepages/hugepages-{kb}kB/nr_hugepages"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+#[test]
+fn hugetlb_2mb_cases_run_and_restore_the_pool() {
+    let _serial = serial();
+    if !can_run("hugetlb_2mb_cases_run_and_restore_the_pool") {
+        return;
+    }
+    let Some(before) = nr_hugepages(2048) else {
+        eprintln!("SKIPPED hugetlb_2mb_cases_run_and_restore_the_pool: kernel has no 2 MiB hugetlb pool");
+        return;
+    };
+    let (r, dir) = run_json("huge2m", &["-b", "64M", "-v", "none_*hugetlb_2mb", "-n", "2"]);
+    assert_eq!(nr_hugepages(2048), Some(before), "nr_hugepages restored");
+    for name in ["none_anonymous_hugetlb_2mb", "none_memfd_hugetlb_2mb"] {
+        let c = case(&r, &format!("{name}.touch"));
+        assert_eq!(c["page_size"], 2 << 20);
+        let faults = phase(c, "touch")["counters"]["faults"].as_u64().unwrap();
+        assert_eq!(faults, 32, "64 MiB of 2 MiB pages: one fault per page");
+        let p = phase(case(&r, &format!("{name}.populate")), "mmap");
+        assert!(p["wall_ns"]["median"].as_u64().unwrap() > 0);
+    }
+    let memfd = case(&r, "none_memfd_hugetlb_2mb.none");
+    let names: Vec<&str> = memfd["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["memfd_create", "mmap", "munmap", "close"]);
+    fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn report_shape_folded_and_svg_files() {
+    let _serial = serial();
+    if !can_run("report_shape_folded_and_svg_files") {
+        return;
+    }
+    let (r, dir) = run_json(
+        "shape",
+        &["-b", "64M", "-v", "none_memfd.populate", "-n", "2", "--freq", "999"],
+    );
+    assert_eq!(r["schema"], "dmaprof.report.v1");
+    assert!(r["kernel"]["release"].is_string());
+    assert!(r["capabilities"]["perf_sampling"]["ok"].is_boolean());
+    assert_eq!(r["config"]["size_bytes"], 64 << 20);
+    assert_eq!(r["config"]["iterations"], 2);
+    assert_eq!(r["config"]["freq_hz"], 999);
+    assert!(r["skipped"].is_array());
+    let c = case(&r, "none_memfd.populate");
+    for key in ["name", "iommu_mode", "backing", "prefault", "size_bytes"] {
+        assert!(!c[key].is_null(), "case.{key}");
+    }
+    assert_eq!(c["iommu_mode"], "none");
+    assert_eq!(c["backing"], "memfd");
+    assert_eq!(c["prefault"], "populate");
+    for p in c["phases"].as_array().unwrap() {
+        let w = &p["wall_ns"];
+        assert_eq!(w["runs"].as_array().unwrap().len(), 2);
+        assert!(w["min"].as_u64() <= w["median"].as_u64() && w["median"].as_u64() <= w["max"].as_u64());
+        assert!(p["sampled"]["samples"].is_u64() && p["sampled"]["categories"].is_object());
+        assert!(p["counters"]["faults"].is_u64());
+        let folded = fs::read_to_string(dir.join(p["folded"].as_str().unwrap())).unwrap();
+        let parsed = Folded::parse(&folded).expect("folded lines parse");
+        assert_eq!(
+            parsed.total(),
+            p["sampled"]["samples"].as_u64().unwrap(),
+            "folded counts = samples"
+        );
+        let svg = fs::read_to_string(dir.join(p["flamegraph"].as_str().unwrap())).unwrap();
+        let opts = roxmltree::ParsingOptions {
+            allow_dtd: true,
+            ..Default::default()
+        };
+        let doc = roxmltree::Document::parse_with_options(&svg, opts)
+            .unwrap_or_else(|e| panic!("{} is not valid XML: {e}", p["flamegraph"]));
+        assert_eq!(doc.root_element().tag_name().name(), "svg");
+    }
+    let table = dmaprof()
+        .args(["run", "-b", "64M", "-v", "none_memfd.none", "-n", "1", "-o"])
+        .arg(dir.join("t"))
+        .output()
+        .unwrap();
+    ok(&table);
+    let t = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        t.contains("none_memfd.none") && t.contains("median ms") && t.contains("report:"),
+        "{t}"
+    );
+    fs::remove_dir_all(dir).unwrap();
+}
+
+/// Every bad input: exit code 2 (usage) or 1, one line on stderr, no panic.
+#[test]
+fn bad_input_gives_one_clear_line() {
+    let _serial = serial();
+    let file = tmpdir("notadir");
+    fs::write(&file, "x").unwrap();
+    let file_s = file.to_str().unwrap();
+    let cases: &[(&[&str], i32, &str)] = &[
+        (&["run", "-b", "0"], 2, "larger than 0"),
+        (&["run", "-b", "-1G"], 2, "not a size"),
+        (&["run", "-b", "1.5G"], 2, "not a size"),
+        (&["run", "-b", "10X"], 2, "not a size"),
+        (&["run", "-b", "99999999999999999999"], 2, "too large"),
+        (&["run", "-b", "100"], 2, "multiple of 4 KiB"),
+        (&["run", "-v", "nothing_matches_*"], 2, "matches no case"),
+        (&["run", "-v", "none_[x"], 2, "bad -v pattern"),
+        (&["run", "-n", "0"], 2, "iterations"),
+        (&["run", "--prefault", "sometimes"], 2, "sometimes"),
+        (
+            &["run", "-b", "64M", "-v", "none_anonymous.none", "-o", file_s],
+            2,
+            "not a directory",
+        ),
+        (&["frobnicate"], 2, "frobnicate"),
+    ];
+    for (args, code, needle) in cases {
+        let out = dmaprof().args(*args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(*code), "{args:?}: {err}");
+        assert_eq!(
+            err.trim_end().lines().count(),
+            1,
+            "{args:?} should print one line: {err}"
+        );
+        assert!(err.contains(needle), "{args:?}: expected `{needle}` in: {err}");
+        assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+    }
+    fs::remove_file(file).unwrap();
+}
