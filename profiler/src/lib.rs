@@ -9,6 +9,8 @@ pub mod abi {
 }
 pub mod attribution;
 pub mod capabilities;
+pub mod device;
+pub mod dma;
 pub mod flamegraph;
 pub mod hugepages;
 pub mod matrix;

@@ -13,7 +13,9 @@ use std::{
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use profiler::{
-    capabilities, hugepages,
+    capabilities,
+    device::Device,
+    hugepages,
     matrix::{self, Prefault},
     report,
     run::{self, Progress, RunError, RunOptions},
@@ -65,6 +67,12 @@ struct RunArgs {
     /// Print report.json on stdout instead of the tables.
     #[arg(long)]
     json: bool,
+    /// PCI device (BDF) to DMA-map for; default $VFIO_SELFTESTS_BDF, as in the kernel selftests.
+    #[arg(short = 'd', long, env = "VFIO_SELFTESTS_BDF")]
+    device: Option<String>,
+    /// Bind the device to vfio-pci for the run if another driver has it (restored afterwards).
+    #[arg(long)]
+    bind: bool,
 }
 
 fn size_arg(s: &str) -> Result<u64, String> {
@@ -157,6 +165,8 @@ fn run_command(args: RunArgs) -> anyhow::Result<ExitCode> {
         out: args
             .out
             .unwrap_or_else(|| PathBuf::from("dmaprof-out").join(timestamp())),
+        device: args.device,
+        bind: args.bind,
     };
     if opts.out.exists() && !opts.out.is_dir() {
         return Err(RunError::Usage(format!("--out {} exists and is not a directory", opts.out.display())).into());
@@ -174,8 +184,19 @@ fn run_command(args: RunArgs) -> anyhow::Result<ExitCode> {
         ))
         .into());
     }
-    let plan = run::plan(&opts)?;
+    let doctor = capabilities::probe_host();
+    let plan = run::plan(&opts, &doctor)?;
     let _lock = run::lock_instance()?;
+    let device = match &opts.device {
+        Some(bdf) if plan.run.iter().any(|c| c.mode != matrix::IommuMode::None) => {
+            Some(Device::open(bdf, opts.bind).map_err(RunError::from)?)
+        }
+        Some(bdf) => {
+            profiler::device::parse_bdf(bdf).map_err(RunError::from)?;
+            None
+        }
+        None => None,
+    };
     eprintln!(
         "dmaprof: {} case(s) to run, {} skipped; output in {}",
         plan.run.len(),
@@ -204,7 +225,7 @@ fn run_command(args: RunArgs) -> anyhow::Result<ExitCode> {
         let (cancel, progress, opts) = (cancel.clone(), progress.clone(), opts.clone());
         std::thread::Builder::new()
             .name("dmaprof-workload".into())
-            .spawn(move || run::execute(&opts, plan, &cancel, &progress))
+            .spawn(move || run::execute(&opts, plan, &doctor, device.as_ref(), &cancel, &progress))
             .context("starting the workload thread")?
     };
     rt.block_on(supervise(&worker, &cancel, &signal, &progress));
@@ -218,7 +239,8 @@ fn run_command(args: RunArgs) -> anyhow::Result<ExitCode> {
         out(&format!("\nreport: {}\n", opts.out.join("report.json").display()));
     }
     match signal.load(Ordering::Relaxed) {
-        0 => Ok(ExitCode::SUCCESS),
+        0 if report.failed.is_empty() => Ok(ExitCode::SUCCESS),
+        0 => Ok(ExitCode::FAILURE),
         sig => Ok(ExitCode::from(128 + sig as u8)),
     }
 }
@@ -265,6 +287,7 @@ async fn supervise(
             // the process; hugepage pools must be put back by hand.
             eprintln!("dmaprof: second signal, exiting now");
             hugepages::restore_all();
+            profiler::device::restore_all();
             std::process::exit(128 + sig);
         }
         eprintln!("dmaprof: signal {sig}: stopping after the current phase and cleaning up (again to force)");

@@ -17,6 +17,9 @@ pub struct Report {
     pub dmaprof_version: String,
     /// The kernel measured.
     pub kernel: KernelInfo,
+    /// The device DMA was mapped for, if any.
+    #[serde(default)]
+    pub device: Option<String>,
     /// What the host can do (as `dmaprof doctor` reports it).
     pub capabilities: BTreeMap<String, Capability>,
     /// Run options.
@@ -25,6 +28,9 @@ pub struct Report {
     pub cases: Vec<CaseReport>,
     /// Cases that were selected but could not run here, with why.
     pub skipped: Vec<Skipped>,
+    /// Cases that ran and failed, with the error.
+    #[serde(default)]
+    pub failed: Vec<Failed>,
     /// Which probes attached (per run; the same for every case).
     #[serde(default)]
     pub probes: Vec<ProbeStatusRecord>,
@@ -98,6 +104,9 @@ pub struct CaseReport {
     pub backing: String,
     /// Prefault name.
     pub prefault: String,
+    /// The ioctl of the map phase (VFIO_IOMMU_MAP_DMA, IOMMU_IOAS_MAP, IOMMU_IOAS_MAP_FILE).
+    #[serde(default)]
+    pub map_ioctl: Option<String>,
     /// Buffer size.
     pub size_bytes: u64,
     /// Backing page size.
@@ -193,6 +202,15 @@ pub struct PhaseReport {
     pub flamegraph: String,
 }
 
+/// A case that ran and failed.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Failed {
+    /// Case name.
+    pub name: String,
+    /// The error, with errno and meaning.
+    pub error: String,
+}
+
 /// A case that did not run.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Skipped {
@@ -277,7 +295,14 @@ pub fn render_table(report: &Report) -> String {
     );
     let cat_names: Vec<&str> = CATEGORIES.iter().map(|c| c.name()).collect();
     for case in &report.cases {
-        let _ = writeln!(out, "\n{}", case.name);
+        match &case.map_ioctl {
+            Some(ioctl) => {
+                let _ = writeln!(out, "\n{} (map: {ioctl})", case.name);
+            }
+            None => {
+                let _ = writeln!(out, "\n{}", case.name);
+            }
+        }
         let _ = write!(
             out,
             "  {:<13}{:>10}{:>10}{:>10}{:>8}{:>10}{:>9}{:>8}",
@@ -322,6 +347,12 @@ pub fn render_table(report: &Report) -> String {
         let _ = writeln!(out, "\nskipped:");
         for s in &report.skipped {
             let _ = writeln!(out, "  {:<40} {}", s.name, s.reason);
+        }
+    }
+    if !report.failed.is_empty() {
+        let _ = writeln!(out, "\nFAILED:");
+        for f in &report.failed {
+            let _ = writeln!(out, "  {:<40} {}", f.name, f.error);
         }
     }
     let missing: Vec<&ProbeStatusRecord> = report.probes.iter().filter(|p| !p.attached).collect();

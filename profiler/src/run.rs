@@ -14,12 +14,14 @@ use std::{
 
 use crate::{
     attribution::{CategoryCounts, classify},
-    capabilities,
+    capabilities::Doctor,
+    device::Device,
+    dma::{self, DmaContext},
     flamegraph::Folded,
     hugepages::Reservation,
     matrix::{self, Case, IommuMode, Prefault},
     probes::{Drained, ProbeError, Probes, gettid},
-    report::{self, CaseReport, Config, Counters, PhaseReport, Report, Sampled, Skipped, Stats},
+    report::{self, CaseReport, Config, Counters, Failed, PhaseReport, Report, Sampled, Skipped, Stats},
     symbols::KernelSymbols,
     workload::{self, PHASES, Phase, PhaseObserver, PhaseRun, WorkloadError},
 };
@@ -42,6 +44,10 @@ pub struct RunOptions {
     pub freq_hz: u64,
     /// Output directory.
     pub out: PathBuf,
+    /// PCI address of the device to DMA-map for (-d, or VFIO_SELFTESTS_BDF).
+    pub device: Option<String>,
+    /// Bind the device to vfio-pci for the run if it is bound elsewhere.
+    pub bind: bool,
 }
 
 /// Why a run could not start or finish.
@@ -56,6 +62,9 @@ pub enum RunError {
     /// Probes could not be loaded.
     #[error(transparent)]
     Probes(#[from] ProbeError),
+    /// The device cannot be used.
+    #[error(transparent)]
+    Device(#[from] crate::device::DeviceError),
     /// Output could not be written.
     #[error("cannot write {path}: {source}")]
     Output {
@@ -79,7 +88,7 @@ pub enum RunError {
 impl RunError {
     /// Whether the user should fix their command line (exit code 2) rather than the system.
     pub fn is_usage(&self) -> bool {
-        matches!(self, RunError::Usage(_))
+        matches!(self, RunError::Usage(_) | RunError::Device(_))
     }
 }
 
@@ -121,8 +130,40 @@ fn mem_available() -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// Why this host cannot run `case` (None: it can), from what doctor found.
+fn cannot_run(case: &Case, opts: &RunOptions, doctor: &Doctor) -> Option<String> {
+    let has = |name: &str| doctor.capabilities.get(name).is_some_and(|c| c.ok);
+    let mode = case.mode;
+    if !opts.size.is_multiple_of(case.backing.page_size()) {
+        return Some(format!(
+            "size {} is not a multiple of the {} page size",
+            crate::size::HumanSize(opts.size),
+            crate::size::HumanSize(case.backing.page_size())
+        ));
+    }
+    if mode == IommuMode::None {
+        return None;
+    }
+    if opts.device.is_none() {
+        return Some("needs a VFIO device: give -d BDF (or set VFIO_SELFTESTS_BDF), or use `cargo xtask vm`".into());
+    }
+    match mode {
+        IommuMode::VfioType1Iommu | IommuMode::VfioType1v2Iommu if !has("vfio_type1") => {
+            Some("kernel has no VFIO type1 container (/dev/vfio/vfio)".into())
+        }
+        IommuMode::IommufdCompatType1 | IommuMode::IommufdCompatType1v2 | IommuMode::Iommufd if !has("iommufd") => {
+            Some("kernel has no IOMMUFD".into())
+        }
+        IommuMode::Iommufd if !has("vfio_cdev") => Some("kernel has no VFIO cdev (CONFIG_VFIO_DEVICE_CDEV)".into()),
+        IommuMode::Iommufd if case.backing.memfd && !has("map_file") => {
+            Some("kernel has no IOMMU_IOAS_MAP_FILE (added in 6.13)".into())
+        }
+        _ => None,
+    }
+}
+
 /// Selects the cases and says which cannot run here.
-pub fn plan(opts: &RunOptions) -> Result<Plan, RunError> {
+pub fn plan(opts: &RunOptions, doctor: &Doctor) -> Result<Plan, RunError> {
     let cases = matrix::select(&matrix::all_cases(), &opts.variants, &opts.prefaults)
         .map_err(|e| RunError::Usage(e.to_string()))?;
     if cases.is_empty() {
@@ -131,18 +172,7 @@ pub fn plan(opts: &RunOptions) -> Result<Plan, RunError> {
     let mut run = Vec::new();
     let mut skipped = Vec::new();
     for case in cases {
-        let reason = if case.mode != IommuMode::None {
-            Some("DMA-map modes are not implemented in this build yet (only the memory phases, mode `none`)".to_owned())
-        } else if !opts.size.is_multiple_of(case.backing.page_size()) {
-            Some(format!(
-                "size {} is not a multiple of the {} page size",
-                crate::size::HumanSize(opts.size),
-                crate::size::HumanSize(case.backing.page_size())
-            ))
-        } else {
-            None
-        };
-        match reason {
+        match cannot_run(&case, opts, doctor) {
             Some(reason) => skipped.push(Skipped {
                 name: case.name(),
                 reason,
@@ -225,6 +255,8 @@ impl PhaseObserver for SlotObserver<'_> {
 pub fn execute(
     opts: &RunOptions,
     plan: Plan,
+    doctor: &Doctor,
+    device: Option<&Device>,
     cancel: &AtomicBool,
     progress: &Arc<Progress>,
 ) -> Result<Report, RunError> {
@@ -232,13 +264,13 @@ pub fn execute(
         path: opts.out.display().to_string(),
         source,
     })?;
-    let doctor = capabilities::probe_host();
     let mut probes = Probes::attach(gettid(), opts.freq_hz)?;
     let symbols = KernelSymbols::load().ok();
     let mut report = Report {
         schema: report::SCHEMA.into(),
         dmaprof_version: env!("CARGO_PKG_VERSION").into(),
         kernel: doctor.kernel.clone(),
+        device: device.map(|d| d.bdf.clone()),
         capabilities: doctor.capabilities.clone(),
         config: Config {
             size_bytes: opts.size,
@@ -249,6 +281,7 @@ pub fn execute(
         },
         cases: Vec::new(),
         skipped: plan.skipped,
+        failed: Vec::new(),
         probes: probes.status.iter().map(Into::into).collect(),
         partial: false,
     };
@@ -277,6 +310,23 @@ pub fn execute(
             opts.iterations,
             crate::size::HumanSize(opts.size)
         );
+        let mut dma = match (case.mode, device) {
+            (IommuMode::None, _) => None,
+            (mode, Some(dev)) => {
+                match DmaContext::open(mode, dev, case.backing.memfd, opts.size, case.backing.page_size()) {
+                    Ok(ctx) => Some(ctx),
+                    Err(e) => {
+                        eprintln!("dmaprof: {} failed: {e}", case.name());
+                        report.failed.push(Failed {
+                            name: case.name(),
+                            error: e.to_string(),
+                        });
+                        continue;
+                    }
+                }
+            }
+            (_, None) => unreachable!("plan skips DMA cases without a device"),
+        };
         let mut runs: Vec<Vec<PhaseRun>> = Vec::new();
         let mut failure = None;
         for iteration in 0..opts.iterations {
@@ -287,7 +337,7 @@ pub fn execute(
                 case: case.name(),
                 error: None,
             };
-            let r = workload::run_iteration(&case, opts.size, &mut obs, cancel);
+            let r = workload::run_iteration(&case, opts.size, dma.as_mut(), &mut obs, cancel);
             if let Some(e) = obs.error.take() {
                 return Err(e.into());
             }
@@ -430,6 +480,7 @@ fn case_report(
         iommu_mode: case.mode.name().into(),
         backing: case.backing.name.into(),
         prefault: case.prefault.name().into(),
+        map_ioctl: (case.mode != IommuMode::None).then(|| dma::map_ioctl(case.mode, case.backing.memfd).to_owned()),
         size_bytes: opts.size,
         page_size: case.backing.page_size(),
         phases,

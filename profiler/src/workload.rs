@@ -8,7 +8,10 @@ use std::{
 
 use serde::Serialize;
 
-use crate::matrix::{Backing, Case, Prefault};
+use crate::{
+    dma::DmaContext,
+    matrix::{Backing, Case, Prefault},
+};
 
 /// A timed step of one iteration.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -101,6 +104,9 @@ pub enum WorkloadError {
         /// errno.
         source: std::io::Error,
     },
+    /// A DMA map or unmap failed.
+    #[error(transparent)]
+    Dma(#[from] crate::dma::DmaError),
     /// Ctrl-C or another stop signal arrived.
     #[error("interrupted")]
     Interrupted,
@@ -153,6 +159,7 @@ fn huge_flag(backing: &Backing) -> libc::c_int {
 pub fn run_iteration(
     case: &Case,
     size: u64,
+    dma: Option<&mut DmaContext>,
     observer: &mut dyn PhaseObserver,
     cancel: &AtomicBool,
 ) -> Result<Vec<PhaseRun>, WorkloadError> {
@@ -253,6 +260,17 @@ pub fn run_iteration(
                 unsafe { std::ptr::write_volatile(base.add(off), 1) };
             }
             Ok(())
+        })?;
+    }
+
+    if let Some(ctx) = dma {
+        let (addr, len) = buf.addr.expect("mapped above");
+        let fd = buf.fd;
+        timed(Phase::Map, &mut || {
+            ctx.map(addr as u64, len as u64, fd).map_err(WorkloadError::Dma)
+        })?;
+        timed(Phase::Unmap, &mut || {
+            ctx.unmap().map(|_| ()).map_err(WorkloadError::Dma)
         })?;
     }
 
