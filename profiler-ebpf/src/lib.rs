@@ -10,6 +10,9 @@ pub const MAX_PHASES: u32 = 256;
 /// Depth of the per-thread stack of active probed calls (exact attribution).
 pub const MAX_CALL_DEPTH: u32 = 16;
 
+/// Rows of the probe table the BPF side can account (user space declares the table).
+pub const MAX_ROWS: u32 = 64;
+
 /// Entries in the stack-trace map (distinct stacks per case, kernel and user).
 pub const STACK_MAP_ENTRIES: u32 = 16_384;
 
@@ -28,6 +31,14 @@ pub mod maps {
     pub const STACKS: &str = "STACKS";
     /// `Array<SyscallEntry>` with one entry: the workload thread's syscall in progress.
     pub const SYSCALL_ENTER: &str = "SYSCALL_ENTER";
+    /// `HashMap<u64, RowConfig>`: probed function entry address -> probe-table row.
+    pub const ROW_BY_IP: &str = "ROW_BY_IP";
+    /// `Array<RowStats>` indexed by `phase * MAX_ROWS + row`.
+    pub const ROW_STATS: &str = "ROW_STATS";
+    /// `Array<Frame>`: the workload thread's stack of active probed calls.
+    pub const CALL_STACK: &str = "CALL_STACK";
+    /// `Array<u32>` with one entry: the depth of that stack (may exceed MAX_CALL_DEPTH).
+    pub const CALL_DEPTH: &str = "CALL_DEPTH";
 }
 
 /// Names of the programs in the BPF object.
@@ -40,6 +51,10 @@ pub mod programs {
     pub const SYS_EXIT: &str = "sys_exit";
     /// Raw tracepoint `page_fault_user` (exceptions).
     pub const PAGE_FAULT_USER: &str = "page_fault_user";
+    /// Kprobe on every probed function's entry (the row comes from the entry address).
+    pub const ROW_ENTRY: &str = "row_entry";
+    /// Kretprobe on every probed function's return.
+    pub const ROW_EXIT: &str = "row_exit";
     /// Do-nothing kprobe used by `doctor` to find out whether kprobes attach at all.
     pub const PROBE_KPROBE: &str = "probe_kprobe";
     /// Do-nothing fentry program used by `doctor` to find out whether fentry loads.
@@ -82,6 +97,50 @@ pub struct PhaseCounters {
     pub last_exit_ns: u64,
     /// Syscall exits seen without a matching entry (lost or unbalanced events).
     pub unbalanced: u64,
+    /// Probed calls not accounted because the call stack was deeper than MAX_CALL_DEPTH.
+    pub stack_overflow: u64,
+    /// Probed returns with no call on the stack (a missed entry).
+    pub unmatched_exit: u64,
+}
+
+/// How a probed function's entry is accounted.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RowConfig {
+    /// Row in the probe table (< MAX_ROWS).
+    pub row: u32,
+    /// Argument (0-based) whose value is summed into `RowStats::amount`, or -1.
+    pub amount_arg: i32,
+}
+
+/// Exact per-row accounting for one phase slot.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RowStats {
+    /// Completed calls.
+    pub calls: u64,
+    /// Time from entry to return, summed.
+    pub inclusive_ns: u64,
+    /// Inclusive time minus the inclusive time of probed callees.
+    pub exclusive_ns: u64,
+    /// Sum of the row's amount argument (pages or bytes).
+    pub amount: u64,
+}
+
+/// One active probed call.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Frame {
+    /// Probe-table row.
+    pub row: u32,
+    /// Reserved.
+    pub _pad: u32,
+    /// Entry time.
+    pub start_ns: u64,
+    /// Inclusive time of probed callees so far.
+    pub child_ns: u64,
+    /// The amount argument at entry.
+    pub amount: u64,
 }
 
 /// Key of one sampled-stack count.
@@ -109,6 +168,12 @@ mod pod {
     unsafe impl aya::Pod for super::SampleKey {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::SyscallEntry {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::RowConfig {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::RowStats {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::Frame {}
 }
 
 /// The workload thread's syscall in progress (raw_syscalls:sys_enter -> sys_exit).

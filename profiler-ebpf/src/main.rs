@@ -6,14 +6,18 @@
 use aya_ebpf::{
     EbpfContext as _,
     bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
-    macros::{fentry, kprobe, map, perf_event, raw_tracepoint},
+    helpers::{bpf_get_current_pid_tgid, bpf_get_func_ip, bpf_ktime_get_ns},
+    macros::{fentry, kprobe, kretprobe, map, perf_event, raw_tracepoint},
     maps::{Array, HashMap, StackTrace},
-    programs::{FEntryContext, PerfEventContext, ProbeContext, RawTracePointContext, tracing::StackIdContext as _},
+    programs::{
+        FEntryContext, PerfEventContext, ProbeContext, RawTracePointContext, RetProbeContext,
+        tracing::StackIdContext as _,
+    },
 };
 use aya_log_ebpf::debug;
 use profiler_ebpf::{
-    Control, MAX_PHASES, PhaseCounters, SAMPLE_MAP_ENTRIES, STACK_MAP_ENTRIES, SampleKey, SyscallEntry,
+    Control, Frame, MAX_CALL_DEPTH, MAX_PHASES, MAX_ROWS, PhaseCounters, RowConfig, RowStats, SAMPLE_MAP_ENTRIES,
+    STACK_MAP_ENTRIES, SampleKey, SyscallEntry,
 };
 
 /// The workload thread's id; set by user space at load time.
@@ -163,6 +167,95 @@ pub fn page_fault_user(_ctx: RawTracePointContext) -> u32 {
     }
     0
 }
+#[map]
+static ROW_BY_IP: HashMap<u64, RowConfig> = HashMap::with_max_entries(MAX_ROWS * 2, 0);
+
+#[map]
+static ROW_STATS: Array<RowStats> = Array::with_max_entries(MAX_PHASES * MAX_ROWS, 0);
+
+#[map]
+static CALL_STACK: Array<Frame> = Array::with_max_entries(MAX_CALL_DEPTH, 0);
+
+#[map]
+static CALL_DEPTH: Array<u32> = Array::with_max_entries(1, 0);
+
+/// Entry of any probed function: push a frame for its row.
+#[kprobe]
+pub fn row_entry(ctx: ProbeContext) -> u32 {
+    let Some(phase) = recording_phase() else {
+        return 0;
+    };
+    // SAFETY: bpf_get_func_ip is allowed in kprobe programs (5.15+) and reads only ctx.
+    let ip = unsafe { bpf_get_func_ip(ctx.as_ptr()) };
+    // SAFETY: the value is copied out before any other map operation.
+    let Some(cfg) = (unsafe { ROW_BY_IP.get(&ip) }).copied() else {
+        return 0;
+    };
+    if cfg.row >= MAX_ROWS {
+        return 0;
+    }
+    let amount = if cfg.amount_arg >= 0 { ctx.arg::<u64>(cfg.amount_arg as usize).unwrap_or(0) } else { 0 };
+    let (Some(depth), Some(c)) = (CALL_DEPTH.get_ptr_mut(0), counters(phase)) else {
+        return 0;
+    };
+    // SAFETY: valid map value pointer for the duration of the program.
+    let d = unsafe { *depth };
+    // SAFETY: as above.
+    unsafe { *depth = d + 1 };
+    if d >= MAX_CALL_DEPTH {
+        c.stack_overflow += 1;
+        return 0;
+    }
+    if let Some(frame) = CALL_STACK.get_ptr_mut(d) {
+        // SAFETY: reading the clock has no preconditions; the frame pointer is a valid value.
+        unsafe { *frame = Frame { row: cfg.row, _pad: 0, start_ns: bpf_ktime_get_ns(), child_ns: 0, amount } };
+    }
+    0
+}
+
+/// Return of any probed function: pop its frame, account inclusive and exclusive time.
+#[kretprobe]
+pub fn row_exit(_ctx: RetProbeContext) -> u32 {
+    let Some(phase) = recording_phase() else {
+        return 0;
+    };
+    // SAFETY: reading the clock has no preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let (Some(depth), Some(c)) = (CALL_DEPTH.get_ptr_mut(0), counters(phase)) else {
+        return 0;
+    };
+    // SAFETY: valid map value pointer for the duration of the program.
+    let d = unsafe { *depth };
+    if d == 0 {
+        c.unmatched_exit += 1;
+        return 0;
+    }
+    // SAFETY: as above.
+    unsafe { *depth = d - 1 };
+    if d > MAX_CALL_DEPTH {
+        return 0;
+    }
+    let Some(frame) = CALL_STACK.get(d - 1).copied() else {
+        return 0;
+    };
+    let inclusive = now.saturating_sub(frame.start_ns);
+    if let Some(stats) = ROW_STATS.get_ptr_mut(phase * MAX_ROWS + frame.row) {
+        // SAFETY: valid map value pointer for the duration of the program.
+        let stats = unsafe { &mut *stats };
+        stats.calls += 1;
+        stats.inclusive_ns += inclusive;
+        stats.exclusive_ns += inclusive.saturating_sub(frame.child_ns);
+        stats.amount += frame.amount;
+    }
+    if d >= 2
+        && let Some(parent) = CALL_STACK.get_ptr_mut(d - 2)
+    {
+        // SAFETY: valid map value pointer for the duration of the program.
+        unsafe { (*parent).child_ns += inclusive };
+    }
+    0
+}
+
 #[kprobe]
 pub fn probe_kprobe(ctx: ProbeContext) -> u32 {
     debug!(&ctx, "dmaprof doctor: kprobe fired in pid {}", ctx.pid());

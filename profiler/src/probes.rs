@@ -5,16 +5,93 @@ use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap, MapData, StackTraceMap},
     programs::{
-        PerfEvent, RawTracePoint,
+        KProbe, PerfEvent, RawTracePoint,
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
     },
 };
 use serde::Serialize;
 
-use crate::abi::{self, Control, PhaseCounters, SampleKey};
+use crate::{
+    abi::{self, Control, PhaseCounters, RowConfig, RowStats, SampleKey},
+    attribution::Category,
+    symbols::KernelSymbols,
+};
 
 /// The BPF object built from profiler-ebpf by build.rs.
 pub static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler-ebpf"));
+
+/// One row of the probe table: a kernel function, what its time is, where it shows up.
+#[derive(Clone, Copy, Debug)]
+pub struct ProbeRow {
+    /// Kernel function (vmlinux or module).
+    pub function: &'static str,
+    /// Category its exclusive time counts as.
+    pub category: Category,
+    /// The phases it is expected in.
+    pub phase: &'static str,
+    /// Outer boundary of a DMA ioctl (its exclusive time is the ioctl's own overhead).
+    pub boundary: bool,
+    /// Argument (0-based) summed per row, and its unit (`pages`, `bytes`).
+    pub amount: Option<(u8, &'static str)>,
+}
+
+const fn row(function: &'static str, category: Category, phase: &'static str) -> ProbeRow {
+    ProbeRow { function, category, phase, boundary: false, amount: None }
+}
+
+const fn boundary(function: &'static str, phase: &'static str) -> ProbeRow {
+    ProbeRow { function, category: Category::Other, phase, boundary: true, amount: None }
+}
+
+const fn counted(function: &'static str, category: Category, phase: &'static str, arg: u8, unit: &'static str) -> ProbeRow {
+    ProbeRow { function, category, phase, boundary: false, amount: Some((arg, unit)) }
+}
+
+/// The probe table: every function dmaprof times exactly. It drives attaching (a kprobe and a
+/// kretprobe per row) and reporting (row -> category). Nesting is resolved in BPF: a row's
+/// exclusive time excludes the probed rows it calls, so categories never double count (the
+/// faults inside `pin_user_pages_remote` of an unpopulated map are faulting, not pinning).
+pub const PROBE_TABLE: &[ProbeRow] = &[
+    // VFIO type1 (module vfio_iommu_type1).
+    boundary("vfio_iommu_type1_ioctl", "map, unmap"),
+    row("vfio_dma_do_map", Category::Other, "map"),
+    row("vfio_pin_map_dma", Category::Other, "map"),
+    counted("vfio_pin_pages_remote", Category::Pinning, "map", 2, "pages"),
+    counted("vaddr_get_pfns", Category::Pinning, "map", 2, "pages"),
+    counted("vfio_iommu_map", Category::IommuMap, "map", 3, "pages"),
+    row("vfio_unmap_unpin", Category::Other, "unmap"),
+    // iommufd (module iommufd).
+    boundary("iommufd_ioas_map", "map"),
+    boundary("iommufd_ioas_map_file", "map"),
+    boundary("iommufd_vfio_map_dma", "map"),
+    boundary("iommufd_ioas_unmap", "unmap"),
+    row("iopt_map_user_pages", Category::Other, "map"),
+    row("iopt_map_file_pages", Category::Other, "map"),
+    row("iopt_area_fill_domains", Category::Other, "map"),
+    row("pfn_reader_user_pin", Category::Pinning, "map"),
+    row("batch_to_domain", Category::IommuMap, "map"),
+    row("iopt_pages_update_pinned", Category::Accounting, "map, unmap"),
+    // GUP.
+    counted("pin_user_pages_remote", Category::Pinning, "map", 2, "pages"),
+    counted("pin_user_pages_fast", Category::Pinning, "map", 1, "pages"),
+    row("memfd_pin_folios", Category::Pinning, "map"),
+    counted("__get_user_pages", Category::Pinning, "mmap, map", 2, "pages"),
+    // Faults and zeroing.
+    row("handle_mm_fault", Category::Faulting, "mmap, touch, map"),
+    row("hugetlb_fault", Category::Faulting, "mmap, touch, map"),
+    row("folio_zero_user", Category::Zeroing, "mmap, touch, map"),
+    row("clear_huge_page", Category::Zeroing, "mmap, touch, map"),
+    // IOMMU core.
+    counted("iommu_map", Category::IommuMap, "map", 3, "bytes"),
+    counted("iommu_map_nosync", Category::IommuMap, "map", 3, "bytes"),
+    counted("iommu_sync_map", Category::IommuFlush, "map", 2, "bytes"),
+    counted("iommu_unmap", Category::IommuMap, "unmap", 2, "bytes"),
+    counted("iommu_unmap_fast", Category::IommuMap, "unmap", 2, "bytes"),
+    row("iommu_iotlb_sync", Category::IommuFlush, "unmap"),
+    // locked_vm accounting.
+    counted("__account_locked_vm", Category::Accounting, "map, unmap", 1, "pages"),
+    counted("account_locked_vm", Category::Accounting, "map, unmap", 1, "pages"),
+];
 
 /// Tracepoints the memory phases use: (program, category, event, what it gives). They are
 /// attached as raw tracepoints: cheaper per hit, and no tracefs mount needed.
@@ -129,6 +206,8 @@ pub struct Drained {
     pub counters: Vec<(u32, PhaseCounters)>,
     /// Sampled stacks.
     pub samples: Vec<RawSample>,
+    /// Exact per-row stats: (slot, row index, stats), only non-zero ones.
+    pub rows: Vec<(u32, usize, RowStats)>,
 }
 
 /// The loaded and attached probes for one workload thread.
@@ -138,16 +217,101 @@ pub struct Probes {
     counters: Array<MapData, PhaseCounters>,
     samples: HashMap<MapData, SampleKey, u64>,
     stacks: StackTraceMap<MapData>,
+    row_stats: Array<MapData, RowStats>,
+    /// Probe-table rows that attached (indices into [`PROBE_TABLE`]).
+    pub attached_rows: Vec<usize>,
     /// What attached and what did not.
     pub status: Vec<ProbeStatus>,
+}
+
+/// Whether this kernel has kprobes at all (the kprobe PMU or the legacy tracefs interface).
+pub fn kprobes_available() -> bool {
+    std::path::Path::new("/sys/bus/event_source/devices/kprobe/type").exists()
+}
+
+/// Attaches the row programs to every probe-table function this kernel has.
+/// Returns the attached row indices and one status line per row.
+fn attach_rows(ebpf: &mut Ebpf, symbols: Option<&KernelSymbols>) -> (Vec<usize>, Vec<ProbeStatus>) {
+    let mut attached = Vec::new();
+    let mut status = Vec::new();
+    let not = |row: &ProbeRow, why: String| ProbeStatus {
+        function: row.function.to_owned(),
+        mechanism: "kprobe",
+        attached: false,
+        error: Some(why),
+    };
+    let setup = (|| -> Result<(), String> {
+        if !kprobes_available() {
+            return Err("kernel has no kprobes (CONFIG_KPROBES off) and dmaprof does not use fentry for the probe table yet: run in `cargo xtask vm`".into());
+        }
+        let symbols = symbols.ok_or("kernel symbols unreadable (/proc/kallsyms)")?;
+        if !symbols.usable() {
+            return Err("/proc/kallsyms addresses are hidden (kptr_restrict): run as root".into());
+        }
+        let entry: &mut KProbe = ebpf.program_mut(abi::programs::ROW_ENTRY).ok_or("row_entry missing")?.try_into().map_err(|e| format!("{e}"))?;
+        entry.load().map_err(|e| format!("load row_entry: {e}"))?;
+        let exit: &mut KProbe = ebpf.program_mut(abi::programs::ROW_EXIT).ok_or("row_exit missing")?.try_into().map_err(|e| format!("{e}"))?;
+        exit.load().map_err(|e| format!("load row_exit: {e}"))?;
+        Ok(())
+    })();
+    if let Err(why) = setup {
+        status.extend(PROBE_TABLE.iter().map(|r| not(r, why.clone())));
+        return (attached, status);
+    }
+    let symbols = symbols.expect("checked above");
+    let mut row_by_ip: HashMap<_, u64, RowConfig> = match ebpf.map_mut(abi::maps::ROW_BY_IP).map(HashMap::try_from) {
+        Some(Ok(m)) => m,
+        _ => {
+            status.extend(PROBE_TABLE.iter().map(|r| not(r, "ROW_BY_IP map missing".into())));
+            return (attached, status);
+        }
+    };
+    let mut configs = Vec::new();
+    for (i, row) in PROBE_TABLE.iter().enumerate() {
+        let found = symbols.lookup(row.function);
+        // Only an unambiguous symbol can be probed by name.
+        let Some(&(symbol, addrs)) = found.first() else {
+            status.push(not(row, "not in /proc/kallsyms: inlined, renamed, or its module is not loaded".into()));
+            continue;
+        };
+        let cfg = RowConfig { row: i as u32, amount_arg: row.amount.map_or(-1, |(a, _)| i32::from(a)) };
+        if let Err(e) = addrs.iter().try_for_each(|a| row_by_ip.insert(*a, cfg, 0)) {
+            status.push(not(row, format!("ROW_BY_IP insert: {e}")));
+            continue;
+        }
+        configs.push((i, symbol.to_owned()));
+    }
+    drop(row_by_ip);
+    for (i, symbol) in configs {
+        let row = &PROBE_TABLE[i];
+        let result = (|| -> Result<(), String> {
+            let entry: &mut KProbe = ebpf.program_mut(abi::programs::ROW_ENTRY).ok_or("row_entry missing")?.try_into().map_err(|e| format!("{e}"))?;
+            let link = entry.attach(&symbol, 0).map_err(|e| format!("kprobe on {symbol}: {e}"))?;
+            let exit: &mut KProbe = ebpf.program_mut(abi::programs::ROW_EXIT).ok_or("row_exit missing")?.try_into().map_err(|e| format!("{e}"))?;
+            if let Err(e) = exit.attach(&symbol, 0) {
+                let entry: &mut KProbe = ebpf.program_mut(abi::programs::ROW_ENTRY).ok_or("row_entry missing")?.try_into().map_err(|e| format!("{e}"))?;
+                let _ = entry.detach(link);
+                return Err(format!("kretprobe: {e}"));
+            }
+            Ok(())
+        })();
+        match result {
+            Ok(()) => {
+                attached.push(i);
+                status.push(ProbeStatus { function: row.function.to_owned(), mechanism: "kprobe", attached: true, error: None });
+            }
+            Err(e) => status.push(not(row, e)),
+        }
+    }
+    (attached, status)
 }
 
 impl Probes {
     /// Loads the programs for thread `tid` (the caller) and attaches what this kernel allows.
     /// A probe that cannot attach is recorded in `status`; only a failed load is an error.
-    pub fn attach(tid: u32, freq_hz: u64) -> Result<Self, ProbeError> {
+    pub fn attach(tid: u32, freq_hz: u64, symbols: Option<&KernelSymbols>) -> Result<Self, ProbeError> {
         let mut ebpf = load_object(tid)?;
-        let mut status = Vec::new();
+        let (attached_rows, mut status) = attach_rows(&mut ebpf, symbols);
         for &(prog, category, name, _) in TRACEPOINTS {
             let function = format!("{category}:{name}");
             let result = attach_raw_tracepoint(&mut ebpf, prog, name);
@@ -187,14 +351,8 @@ impl Probes {
             Array::try_from(take(&mut ebpf, abi::maps::PHASE_COUNTERS)?).map_err(map_err("PHASE_COUNTERS"))?;
         let samples = HashMap::try_from(take(&mut ebpf, abi::maps::SAMPLES)?).map_err(map_err("SAMPLES"))?;
         let stacks = StackTraceMap::try_from(take(&mut ebpf, abi::maps::STACKS)?).map_err(map_err("STACKS"))?;
-        Ok(Self {
-            _ebpf: ebpf,
-            control,
-            counters,
-            samples,
-            stacks,
-            status,
-        })
+        let row_stats = Array::try_from(take(&mut ebpf, abi::maps::ROW_STATS)?).map_err(map_err("ROW_STATS"))?;
+        Ok(Self { _ebpf: ebpf, control, counters, samples, stacks, row_stats, attached_rows, status })
     }
 
     /// Starts recording into phase slot `slot` (0 stops recording).
@@ -225,6 +383,16 @@ impl Probes {
                 self.counters
                     .set(slot, PhaseCounters::default(), 0)
                     .map_err(map_err("PHASE_COUNTERS reset"))?;
+            }
+        }
+        for slot in 1..slots.min(abi::MAX_PHASES) {
+            for &row in &self.attached_rows {
+                let idx = slot * abi::MAX_ROWS + row as u32;
+                let st = self.row_stats.get(&idx, 0).map_err(map_err("ROW_STATS read"))?;
+                if st != RowStats::default() {
+                    out.rows.push((slot, row, st));
+                    self.row_stats.set(idx, RowStats::default(), 0).map_err(map_err("ROW_STATS reset"))?;
+                }
             }
         }
         let keys: Vec<SampleKey> = self

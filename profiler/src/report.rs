@@ -194,12 +194,59 @@ pub struct PhaseReport {
     pub gib_per_s: f64,
     /// Sampled-stack category shares.
     pub sampled: Sampled,
+    /// Exact entry/exit breakdown.
+    #[serde(default)]
+    pub exact: Exact,
     /// Counters.
     pub counters: Counters,
     /// Folded-stack file, relative to the report's directory.
     pub folded: String,
     /// SVG flamegraph, relative to the report's directory.
     pub flamegraph: String,
+}
+
+/// The exact (entry/exit) breakdown of a phase, for its median iteration: the categories plus
+/// `unattributed_ns` add up to that iteration's `wall_ns`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Exact {
+    /// Which iteration (0-based): the one with the median wall time.
+    pub iteration: u32,
+    /// Its wall time.
+    pub wall_ns: u64,
+    /// Its time inside syscalls.
+    pub kernel_ns: u64,
+    /// Exclusive time per category; `other` includes syscall time outside every probed row.
+    pub categories: BTreeMap<String, u64>,
+    /// wall - sum(categories): user space, exception entry, and whatever no probe saw.
+    pub unattributed_ns: i64,
+    /// Per probed function.
+    pub rows: Vec<ExactRow>,
+    /// Calls not accounted (stack overflow, unmatched returns); non-zero marks the numbers.
+    #[serde(default)]
+    pub lost_events: u64,
+}
+
+/// One probed function in one phase.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ExactRow {
+    /// Kernel function.
+    pub function: String,
+    /// Category of its exclusive time.
+    pub category: String,
+    /// kprobe, fentry...
+    pub mechanism: String,
+    /// Completed calls.
+    pub calls: u64,
+    /// Entry-to-return time.
+    pub inclusive_ns: u64,
+    /// Minus probed callees.
+    pub exclusive_ns: u64,
+    /// Sum of the row's size argument.
+    #[serde(default)]
+    pub amount: u64,
+    /// Its unit (pages, bytes), if any.
+    #[serde(default)]
+    pub unit: Option<String>,
 }
 
 /// A case that ran and failed.
@@ -355,20 +402,19 @@ pub fn render_table(report: &Report) -> String {
             let _ = writeln!(out, "  {:<40} {}", f.name, f.error);
         }
     }
-    let missing: Vec<&ProbeStatusRecord> = report.probes.iter().filter(|p| !p.attached).collect();
-    if !missing.is_empty() {
-        let _ = writeln!(
-            out,
-            "\nprobes not attached (their numbers are missing from the report):"
-        );
-        for p in missing {
-            let _ = writeln!(
-                out,
-                "  {:<32} {:<11} {}",
-                p.function,
-                p.mechanism,
-                p.error.as_deref().unwrap_or("")
-            );
+    // Group by reason: on a kernel without kprobes every row fails the same way.
+    let mut by_reason: Vec<(&str, Vec<&str>)> = Vec::new();
+    for p in report.probes.iter().filter(|p| !p.attached) {
+        let reason = p.error.as_deref().unwrap_or("");
+        match by_reason.iter_mut().find(|(r, _)| *r == reason) {
+            Some((_, names)) => names.push(&p.function),
+            None => by_reason.push((reason, vec![&p.function])),
+        }
+    }
+    if !by_reason.is_empty() {
+        let _ = writeln!(out, "\nprobes not attached (the exact breakdown lacks their rows):");
+        for (reason, names) in by_reason {
+            let _ = writeln!(out, "  {} ({}): {reason}", names.join(", "), names.len());
         }
     }
     out

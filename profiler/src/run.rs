@@ -13,15 +13,15 @@ use std::{
 };
 
 use crate::{
-    attribution::{CategoryCounts, classify},
+    attribution::{CATEGORIES, Category, CategoryCounts, classify},
     capabilities::Doctor,
     device::Device,
     dma::{self, DmaContext},
     flamegraph::Folded,
     hugepages::Reservation,
     matrix::{self, Case, IommuMode, Prefault},
-    probes::{Drained, ProbeError, Probes, gettid},
-    report::{self, CaseReport, Config, Counters, Failed, PhaseReport, Report, Sampled, Skipped, Stats},
+    probes::{Drained, PROBE_TABLE, ProbeError, Probes, gettid},
+    report::{self, CaseReport, Config, Counters, Exact, ExactRow, Failed, PhaseReport, Report, Sampled, Skipped, Stats},
     symbols::KernelSymbols,
     workload::{self, PHASES, Phase, PhaseObserver, PhaseRun, WorkloadError},
 };
@@ -264,8 +264,8 @@ pub fn execute(
         path: opts.out.display().to_string(),
         source,
     })?;
-    let mut probes = Probes::attach(gettid(), opts.freq_hz)?;
     let symbols = KernelSymbols::load().ok();
+    let mut probes = Probes::attach(gettid(), opts.freq_hz, symbols.as_ref())?;
     let mut report = Report {
         schema: report::SCHEMA.into(),
         dmaprof_version: env!("CARGO_PKG_VERSION").into(),
@@ -388,6 +388,54 @@ pub fn write_report(dir: &Path, report: &Report) -> Result<(), RunError> {
     })
 }
 
+/// The exact breakdown of `phase` for its median iteration.
+fn exact_breakdown(
+    phase: Phase,
+    per_iter: &[&PhaseRun],
+    iter_counters: &[crate::abi::PhaseCounters],
+    rows: &[(u32, usize, crate::abi::RowStats)],
+) -> Exact {
+    let mut order: Vec<usize> = (0..per_iter.len()).collect();
+    order.sort_by_key(|&i| per_iter[i].wall_ns);
+    let Some(&it) = order.get(order.len().saturating_sub(1) / 2) else { return Exact::default() };
+    let wall_ns = per_iter[it].wall_ns;
+    let c = iter_counters.get(it).copied().unwrap_or_default();
+    let s = slot(it as u32, phase);
+    let mut categories: BTreeMap<String, u64> =
+        CATEGORIES.iter().filter(|c| **c != Category::User).map(|c| (c.name().to_owned(), 0)).collect();
+    let mut out_rows = Vec::new();
+    let mut attributed = 0u64;
+    for (slot_id, row, st) in rows.iter().filter(|(sl, _, _)| *sl == s) {
+        let _ = slot_id;
+        let r = &PROBE_TABLE[*row];
+        *categories.entry(r.category.name().to_owned()).or_default() += st.exclusive_ns;
+        attributed += st.exclusive_ns;
+        out_rows.push(ExactRow {
+            function: r.function.into(),
+            category: r.category.name().into(),
+            mechanism: "kprobe".into(),
+            calls: st.calls,
+            inclusive_ns: st.inclusive_ns,
+            exclusive_ns: st.exclusive_ns,
+            amount: st.amount,
+            unit: r.amount.map(|(_, u)| u.to_owned()),
+        });
+    }
+    out_rows.sort_by(|a, b| b.inclusive_ns.cmp(&a.inclusive_ns));
+    // Syscall time that no probed row covered is the syscall's own work: `other`.
+    *categories.entry("other".into()).or_default() += c.syscall_ns.saturating_sub(attributed);
+    let sum: u64 = categories.values().sum();
+    Exact {
+        iteration: it as u32,
+        wall_ns,
+        kernel_ns: c.syscall_ns,
+        categories,
+        unattributed_ns: wall_ns as i64 - sum as i64,
+        rows: out_rows,
+        lost_events: c.stack_overflow + c.unmatched_exit,
+    }
+}
+
 fn case_report(
     opts: &RunOptions,
     case: &Case,
@@ -454,8 +502,10 @@ fn case_report(
         } else {
             0.0
         };
+        let exact = exact_breakdown(phase, &per_iter, &iter_counters, &drained.rows);
         phases.push(PhaseReport {
             name: stem.into(),
+            exact,
             wall_ns: wall,
             kernel_ns: kernel,
             gib_per_s,
