@@ -281,7 +281,7 @@ fn attach_rows(ebpf: &mut Ebpf, symbols: Option<&KernelSymbols>) -> (Vec<usize>,
         }
         configs.push((i, symbol.to_owned()));
     }
-    drop(row_by_ip);
+
     for (i, symbol) in configs {
         let row = &PROBE_TABLE[i];
         let result = (|| -> Result<(), String> {

@@ -405,8 +405,7 @@ fn exact_breakdown(
         CATEGORIES.iter().filter(|c| **c != Category::User).map(|c| (c.name().to_owned(), 0)).collect();
     let mut out_rows = Vec::new();
     let mut attributed = 0u64;
-    for (slot_id, row, st) in rows.iter().filter(|(sl, _, _)| *sl == s) {
-        let _ = slot_id;
+    for (_, row, st) in rows.iter().filter(|(sl, _, _)| *sl == s) {
         let r = &PROBE_TABLE[*row];
         *categories.entry(r.category.name().to_owned()).or_default() += st.exclusive_ns;
         attributed += st.exclusive_ns;
@@ -421,7 +420,7 @@ fn exact_breakdown(
             unit: r.amount.map(|(_, u)| u.to_owned()),
         });
     }
-    out_rows.sort_by(|a, b| b.inclusive_ns.cmp(&a.inclusive_ns));
+    out_rows.sort_by_key(|r| std::cmp::Reverse(r.inclusive_ns));
     // Syscall time that no probed row covered is the syscall's own work: `other`.
     *categories.entry("other".into()).or_default() += c.syscall_ns.saturating_sub(attributed);
     let sum: u64 = categories.values().sum();

@@ -20,11 +20,14 @@ pub fn workspace_root() -> PathBuf {
 /// Builds the release dmaprof for the host and returns its path.
 pub fn build_release() -> Result<PathBuf> {
     ensure_build_deps()?;
-    run_cmd(
-        Command::new("cargo")
-            .current_dir(workspace_root())
-            .args(["build", "--release", "--package", "profiler", "--bin", "dmaprof"]),
-    )?;
+    run_cmd(Command::new("cargo").current_dir(workspace_root()).args([
+        "build",
+        "--release",
+        "--package",
+        "profiler",
+        "--bin",
+        "dmaprof",
+    ]))?;
     Ok(workspace_root().join("target/release/dmaprof"))
 }
 
@@ -35,7 +38,16 @@ pub fn build_static() -> Result<PathBuf> {
     run_cmd(
         Command::new("cargo")
             .current_dir(workspace_root())
-            .args(["build", "--release", "--package", "profiler", "--bin", "dmaprof", "--target", target])
+            .args([
+                "build",
+                "--release",
+                "--package",
+                "profiler",
+                "--bin",
+                "dmaprof",
+                "--target",
+                target,
+            ])
             .env("RUSTFLAGS", "-C target-feature=+crt-static"),
     )?;
     Ok(workspace_root().join("target").join(target).join("release/dmaprof"))

@@ -39,9 +39,7 @@ pub fn ensure_debian_packages(why: &str, pkgs: &[&str]) -> Result<()> {
         return Ok(());
     }
     if !Path::new("/usr/bin/apt-get").exists() {
-        bail!(
-            "missing packages {missing:?} ({why}) and no apt-get here: install their equivalents by hand"
-        );
+        bail!("missing packages {missing:?} ({why}) and no apt-get here: install their equivalents by hand");
     }
     eprintln!("xtask: installing Debian packages for {why}: {}", missing.join(" "));
     run_cmd(Command::new("apt-get").args(["update", "-q"]))?;
@@ -93,7 +91,10 @@ pub fn ensure_build_deps() -> Result<()> {
         .output()
         .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains(BPF_LINKER_VERSION));
     if !linker_ok {
-        eprintln!("xtask: installing bpf-linker {BPF_LINKER_VERSION} into {} (about a minute)", bpf_linker.display());
+        eprintln!(
+            "xtask: installing bpf-linker {BPF_LINKER_VERSION} into {} (about a minute)",
+            bpf_linker.display()
+        );
         let mut cmd = Command::new("cargo");
         cmd.args(["install", "bpf-linker", "--version", BPF_LINKER_VERSION]);
         if !use_nightly {

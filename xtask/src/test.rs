@@ -21,7 +21,11 @@ pub struct TestArgs {
 pub fn run(args: TestArgs) -> Result<()> {
     let root = workspace_root();
     build_release()?;
-    run_cmd(Command::new("cargo").current_dir(&root).args(["fmt", "--all", "--", "--check"]))?;
+    run_cmd(
+        Command::new("cargo")
+            .current_dir(&root)
+            .args(["fmt", "--all", "--", "--check"]),
+    )?;
     run_cmd(Command::new("cargo").current_dir(&root).args([
         "clippy",
         "--release",

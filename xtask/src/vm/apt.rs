@@ -70,14 +70,8 @@ impl Apt {
     /// Sets up (idempotently) the private apt configuration under `cache/apt`.
     pub fn new(cache: &Path) -> Result<Self> {
         let dir = cache.join("apt");
-        for sub in [
-            "lists/partial",
-            "archives/partial",
-            "etc/parts",
-            "etc/prefs",
-        ] {
-            fs::create_dir_all(dir.join(sub))
-                .with_context(|| format!("creating {}", dir.join(sub).display()))?;
+        for sub in ["lists/partial", "archives/partial", "etc/parts", "etc/prefs"] {
+            fs::create_dir_all(dir.join(sub)).with_context(|| format!("creating {}", dir.join(sub).display()))?;
         }
         let status = dir.join("status");
         if !status.exists() {
@@ -130,9 +124,7 @@ impl Apt {
         if fresh && !force {
             return Ok(());
         }
-        eprintln!(
-            "xtask: refreshing the package lists of the VM's kernel suites (bookworm, trixie, trixie-backports)"
-        );
+        eprintln!("xtask: refreshing the package lists of the VM's kernel suites (bookworm, trixie, trixie-backports)");
         let out = self
             .cmd("apt-get")
             .args(["update", "-q"])
@@ -140,10 +132,7 @@ impl Apt {
             .context("could not start apt-get")?;
         if !out.status.success() {
             let had_lists = stamp.exists();
-            let msg = format!(
-                "apt-get update failed: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
+            let msg = format!("apt-get update failed: {}", String::from_utf8_lossy(&out.stderr).trim());
             if had_lists {
                 eprintln!("xtask: warning: {msg}; using the old package lists");
                 return Ok(());
@@ -157,10 +146,7 @@ impl Apt {
     /// The newest package whose name matches `regex` (apt-cache's POSIX regex, anchored by the caller)
     /// and whose name passes `filter`.
     pub fn newest(&self, regex: &str, filter: impl Fn(&str) -> bool) -> Result<Option<Package>> {
-        let out = self
-            .cmd("apt-cache")
-            .args(["search", "--names-only", regex])
-            .output()?;
+        let out = self.cmd("apt-cache").args(["search", "--names-only", regex]).output()?;
         let names: Vec<String> = String::from_utf8_lossy(&out.stdout)
             .lines()
             .filter_map(|l| l.split(" - ").next())
@@ -184,10 +170,7 @@ impl Apt {
                 && let Some(n) = name.take()
             {
                 let version = v.trim().to_owned();
-                if best
-                    .as_ref()
-                    .is_none_or(|b| version_gt(&version, &b.version))
-                {
+                if best.as_ref().is_none_or(|b| version_gt(&version, &b.version)) {
                     best = Some(Package { name: n, version });
                 }
             }
@@ -204,11 +187,7 @@ impl Apt {
             pkg.version.replace(':', "%3a"),
             "amd64"
         ));
-        let file_all = archives.join(format!(
-            "{}_{}_all.deb",
-            pkg.name,
-            pkg.version.replace(':', "%3a")
-        ));
+        let file_all = archives.join(format!("{}_{}_all.deb", pkg.name, pkg.version.replace(':', "%3a")));
         for f in [&file, &file_all] {
             if f.exists() {
                 return Ok(f.clone());
@@ -226,11 +205,7 @@ impl Apt {
                 return Ok(f.clone());
             }
         }
-        bail!(
-            "downloaded {} but cannot find it in {}",
-            pkg.name,
-            archives.display()
-        )
+        bail!("downloaded {} but cannot find it in {}", pkg.name, archives.display())
     }
 }
 

@@ -178,8 +178,7 @@ poweroff -f
 
 /// Writes the initramfs to `path`.
 pub fn write(path: &Path, g: &Guest) -> Result<()> {
-    let busybox =
-        fs::read("/bin/busybox").context("reading /bin/busybox (package busybox-static)")?;
+    let busybox = fs::read("/bin/busybox").context("reading /bin/busybox (package busybox-static)")?;
     let file = fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
     let mut c = Cpio::new(io::BufWriter::new(file));
     for d in ["bin", "dev", "modules", "proc", "sys", "tmp"] {

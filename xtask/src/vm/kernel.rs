@@ -91,13 +91,7 @@ pub struct Kernel {
 pub fn ensure_vm_packages() -> Result<()> {
     ensure_debian_packages(
         "the VM test bed (QEMU, the guest's busybox, module tools)",
-        &[
-            "qemu-system-x86",
-            "busybox-static",
-            "kmod",
-            "xz-utils",
-            "zstd",
-        ],
+        &["qemu-system-x86", "busybox-static", "kmod", "xz-utils", "zstd"],
     )
 }
 
@@ -117,10 +111,7 @@ pub fn prepare(choice: &Choice, user_modules: Option<&Path>, cache: &Path) -> Re
 }
 
 fn sha256_hex(data: &[u8]) -> String {
-    Sha256::digest(data)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Directory-name-safe form of a Debian version.
@@ -158,19 +149,11 @@ fn newest_cached(cache: &Path, prefix: &str, suffix: &str) -> Option<PathBuf> {
         .ok()?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
-            let n = p
-                .file_name()
-                .unwrap_or_default()
-                .to_string_lossy()
-                .into_owned();
+            let n = p.file_name().unwrap_or_default().to_string_lossy().into_owned();
             n.starts_with(prefix) && n.ends_with(suffix) && p.join("ready").exists()
         })
         .collect();
-    dirs.sort_by_key(|p| {
-        fs::metadata(p.join("ready"))
-            .and_then(|m| m.modified())
-            .ok()
-    });
+    dirs.sort_by_key(|p| fs::metadata(p.join("ready")).and_then(|m| m.modified()).ok());
     dirs.pop()
 }
 
@@ -226,12 +209,7 @@ fn extract_modules(tree: &Path, dest: &Path) -> Result<()> {
             base.join("lib/modules").display()
         );
     };
-    if !base
-        .join("lib/modules")
-        .join(kver)
-        .join("modules.dep")
-        .exists()
-    {
+    if !base.join("lib/modules").join(kver).join("modules.dep").exists() {
         run_cmd(Command::new("depmod").arg("-b").arg(&base).arg(kver))?;
     }
     let mut order: Vec<PathBuf> = Vec::new();
@@ -263,11 +241,7 @@ fn extract_modules(tree: &Path, dest: &Path) -> Result<()> {
     let mdir = dest.join("modules");
     fs::create_dir_all(&mdir)?;
     for (i, src) in order.iter().enumerate() {
-        let file = src
-            .file_name()
-            .unwrap_or_default()
-            .to_string_lossy()
-            .into_owned();
+        let file = src.file_name().unwrap_or_default().to_string_lossy().into_owned();
         let (stem, tool) = if let Some(s) = file.strip_suffix(".ko.xz") {
             (s, Some("xz"))
         } else if let Some(s) = file.strip_suffix(".ko.zst") {
@@ -319,14 +293,7 @@ fn fresh_dir(path: &Path) -> Result<()> {
 
 fn debian(stock: &Stock, cache: &Path) -> Result<Kernel> {
     let prefix = format!("{}-", stock.name);
-    let (apt, pkg) = match resolve(
-        Apt::new(cache),
-        stock.image_regex,
-        stock.name,
-        cache,
-        &prefix,
-        "",
-    )? {
+    let (apt, pkg) = match resolve(Apt::new(cache), stock.image_regex, stock.name, cache, &prefix, "")? {
         Ok(x) => x,
         Err(dir) => return load(&dir, stock.name.to_owned()),
     };
@@ -423,7 +390,7 @@ fn custom(cache: &Path) -> Result<Kernel> {
     let log = cache.join("build").join(format!("{name}.log"));
     eprintln!(
         "xtask: building the custom guest kernel from {} {} with xtask/vm/custom.config \
-         (once; about 5 min on 2 cores); log: {}",
+         (once; 10-15 min on 2 cores); log: {}",
         pkg.name,
         pkg.version,
         log.display()
@@ -433,13 +400,7 @@ fn custom(cache: &Path) -> Result<Kernel> {
         .filter_map(|e| e.ok().map(|e| e.path()))
         .find(|p| p.to_string_lossy().ends_with(".tar.xz"))
         .context("no .tar.xz in the linux-source package")?;
-    run_cmd(
-        Command::new("tar")
-            .arg("-xf")
-            .arg(&tarball)
-            .arg("-C")
-            .arg(&build),
-    )?;
+    run_cmd(Command::new("tar").arg("-xf").arg(&tarball).arg("-C").arg(&build))?;
     fs::remove_dir_all(build.join("deb")).ok();
     let src = fs::read_dir(&build)?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -449,18 +410,11 @@ fn custom(cache: &Path) -> Result<Kernel> {
     fs::create_dir_all(&out)?;
     let frag = build.join("custom.config");
     fs::write(&frag, FRAGMENT)?;
-    let jobs = std::thread::available_parallelism()
-        .map_or(2, |n| n.get())
-        .to_string();
+    let jobs = std::thread::available_parallelism().map_or(2, |n| n.get()).to_string();
     let logged = |args: &[&str]| -> Result<()> {
-        let file = fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log)?;
+        let file = fs::OpenOptions::new().create(true).append(true).open(&log)?;
         let mut cmd = Command::new("make");
-        cmd.current_dir(&src)
-            .arg(format!("O={}", out.display()))
-            .args(args);
+        cmd.current_dir(&src).arg(format!("O={}", out.display())).args(args);
         cmd.stdout(file.try_clone()?).stderr(file);
         eprintln!("xtask: running make {}", args.join(" "));
         let status = cmd.status().context("could not start make")?;
@@ -520,9 +474,7 @@ fn check_config(config: &str) -> Result<()> {
         .filter(|l| !config.lines().any(|c| c.trim() == *l))
         .collect();
     if !missing.is_empty() {
-        bail!(
-            "xtask/vm/custom.config asks for options that olddefconfig dropped (unmet dependencies?): {missing:?}"
-        );
+        bail!("xtask/vm/custom.config asks for options that olddefconfig dropped (unmet dependencies?): {missing:?}");
     }
     Ok(())
 }
@@ -546,10 +498,7 @@ fn user(image: &Path, modules: Option<&Path>, cache: &Path) -> Result<Kernel> {
         let link = cache.join("build/user-kernel-tree");
         fresh_dir(&link.join("lib/modules"))?;
         let kver = modules.file_name().context("--modules has no file name")?;
-        std::os::unix::fs::symlink(
-            fs::canonicalize(modules)?,
-            link.join("lib/modules").join(kver),
-        )?;
+        std::os::unix::fs::symlink(fs::canonicalize(modules)?, link.join("lib/modules").join(kver))?;
         link
     } else {
         bail!(

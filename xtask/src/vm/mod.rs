@@ -23,7 +23,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use clap::Args;
 
-use crate::{build::build_static, setup::run_cmd};
+use crate::build::build_static;
 
 /// Arguments of `cargo xtask vm`.
 #[derive(Args)]
@@ -115,10 +115,7 @@ fn out_option(args: &[String]) -> Option<String> {
         if let Some(v) = a.strip_prefix("--out=") {
             return Some(v.to_owned());
         }
-        if let Some(v) = a
-            .strip_prefix("-o")
-            .filter(|v| !v.is_empty() && !a.starts_with("--"))
-        {
+        if let Some(v) = a.strip_prefix("-o").filter(|v| !v.is_empty() && !a.starts_with("--")) {
             return Some(v.to_owned());
         }
     }
@@ -145,9 +142,7 @@ fn execute(plan: Plan) -> std::result::Result<qemu::Outcome, qemu::BootError> {
         message: format!("{e:#}"),
     };
     let cache = cache_dir().map_err(setup_err)?;
-    let work = cache
-        .join("run")
-        .join(format!("{}-{}", std::process::id(), nanos()));
+    let work = cache.join("run").join(format!("{}-{}", std::process::id(), nanos()));
     fs::create_dir_all(&work).map_err(|e| setup_err(e.into()))?;
     let (payload, out_dir) = match plan.payload {
         Payload::Dmaprof(args) => {
@@ -183,16 +178,12 @@ fn execute(plan: Plan) -> std::result::Result<qemu::Outcome, qemu::BootError> {
 }
 
 fn nanos() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos())
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos())
 }
 
 /// UTC `YYYYMMDD-HHMMSS` for output directory names.
 fn timestamp() -> String {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs()) as i64;
+    let secs = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()) as i64;
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
     // Howard Hinnant's civil_from_days.
     let z = days + 719_468;
@@ -217,16 +208,23 @@ fn unpack_archive(archive: &[u8], dir: &Path) -> Result<()> {
     fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let tgz = dir.join(".dmaprof-vm-out.tgz");
     fs::write(&tgz, archive)?;
-    let r = run_cmd(
-        Command::new("tar")
-            .arg("-xzf")
-            .arg(&tgz)
-            .arg("--no-same-owner")
-            .arg("-C")
-            .arg(dir),
-    );
+    let out = Command::new("tar")
+        .arg("-xzf")
+        .arg(&tgz)
+        .arg("--no-same-owner")
+        .arg("-C")
+        .arg(dir)
+        .output();
     fs::remove_file(&tgz).ok();
-    r
+    let out = out.context("could not start tar")?;
+    if !out.status.success() {
+        bail!(
+            "unpacking the guest's output into {} failed: {}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
 }
 
 /// `cargo xtask vm`.

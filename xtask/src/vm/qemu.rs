@@ -138,19 +138,8 @@ fn qemu_command(b: &Boot) -> Command {
         "qemu64,+pdpe1gb",
     ])
     .args(["-smp", &b.smp.to_string(), "-m", b.mem])
-    .args([
-        "-device",
-        "intel-iommu,intremap=on,caching-mode=on",
-        "-device",
-        "edu",
-    ])
-    .args([
-        "-nographic",
-        "-no-reboot",
-        "-nodefaults",
-        "-display",
-        "none",
-    ])
+    .args(["-device", "intel-iommu,intremap=on,caching-mode=on", "-device", "edu"])
+    .args(["-nographic", "-no-reboot", "-nodefaults", "-display", "none"])
     .args(["-serial", "stdio"])
     .arg("-serial")
     .arg(format!("file:{}", b.data_file.display()))
@@ -218,11 +207,7 @@ pub fn boot(b: &Boot) -> std::result::Result<Outcome, BootError> {
         }
         match rx.recv_timeout(end - now) {
             Ok(line) => {
-                if let Some(rest) = line
-                    .split(EXIT_MARKER)
-                    .nth(1)
-                    .filter(|_| exit_status.is_none())
-                {
+                if let Some(rest) = line.split(EXIT_MARKER).nth(1).filter(|_| exit_status.is_none()) {
                     exit_status = rest.trim().parse().ok().or(Some(-1));
                     until.get_or_insert(Instant::now() + GRACE);
                     continue;
@@ -242,40 +227,27 @@ pub fn boot(b: &Boot) -> std::result::Result<Outcome, BootError> {
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
         }
     }
-    // QEMU has powered off, or gets no more time.
-    let exited = match child.try_wait() {
-        Ok(Some(_)) => true,
-        _ => {
-            // Give `poweroff -f` a moment when the payload finished; otherwise stop it now.
-            let wait_until = Instant::now()
-                + if exit_status.is_some() && fatal.is_none() {
-                    GRACE
-                } else {
-                    Duration::ZERO
-                };
-            loop {
-                if let Ok(Some(_)) = child.try_wait() {
-                    break true;
-                }
-                if Instant::now() >= wait_until {
-                    kill(&mut child);
-                    break false;
-                }
-                thread::sleep(Duration::from_millis(50));
-            }
-        }
+    // QEMU has powered off, or gets no more time: give `poweroff -f` a moment when the payload
+    // finished, stop it at once otherwise.
+    let grace = if exit_status.is_some() && fatal.is_none() {
+        GRACE
+    } else {
+        Duration::ZERO
     };
-    let _ = exited;
+    let wait_until = Instant::now() + grace;
+    while !matches!(child.try_wait(), Ok(Some(_))) {
+        if Instant::now() >= wait_until {
+            kill(&mut child);
+            break;
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
     let qemu_stderr = err_thread.join().unwrap_or_default();
     let elapsed = start.elapsed();
     let tail = || {
         let t: VecDeque<&String> = console.iter().rev().take(TAIL_LINES).collect();
         let lines: Vec<&str> = t.into_iter().rev().map(String::as_str).collect();
-        let mut s = format!(
-            "last {} console lines:\n  {}",
-            lines.len(),
-            lines.join("\n  ")
-        );
+        let mut s = format!("last {} console lines:\n  {}", lines.len(), lines.join("\n  "));
         if !qemu_stderr.trim().is_empty() {
             s += &format!("\nqemu stderr: {}", qemu_stderr.trim());
         }
@@ -317,8 +289,7 @@ pub fn boot(b: &Boot) -> std::result::Result<Outcome, BootError> {
             ),
         ));
     };
-    let archive = read_data_port(&b.data_file)
-        .map_err(|e| fail(FailKind::Transfer, format!("{e:#}\n{}", tail())))?;
+    let archive = read_data_port(&b.data_file).map_err(|e| fail(FailKind::Transfer, format!("{e:#}\n{}", tail())))?;
     Ok(Outcome {
         exit_status,
         console,
@@ -348,17 +319,11 @@ fn read_data_port(path: &Path) -> Result<Option<Vec<u8>>> {
     }
     let end = end.context("guest output transfer incomplete: no end marker on the data port")?;
     let mut words = end.split_whitespace();
-    let (sha, size) = (
-        words.next().unwrap_or_default(),
-        words.next().unwrap_or_default(),
-    );
+    let (sha, size) = (words.next().unwrap_or_default(), words.next().unwrap_or_default());
     let data = base64::engine::general_purpose::STANDARD
         .decode(b64.as_bytes())
         .context("guest output transfer corrupt: bad base64")?;
-    let got: String = Sha256::digest(&data)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let got: String = Sha256::digest(&data).iter().map(|b| format!("{b:02x}")).collect();
     if got != sha || data.len().to_string() != size {
         bail!(
             "guest output transfer corrupt: got {} bytes sha256 {got}, guest sent {size} bytes sha256 {sha}",

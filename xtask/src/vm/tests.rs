@@ -49,14 +49,8 @@ pub fn run() -> Result<()> {
             "boot_debian_6_12_doctor",
             Box::new(|| doctor(&debian, &dmaprof, has_doctor, false)),
         ),
-        (
-            "guest_panic_or_hang_fails_fast",
-            Box::new(|| panic_or_hang(&custom)),
-        ),
-        (
-            "guest_files_arrive_intact",
-            Box::new(|| files_arrive(&custom)),
-        ),
+        ("guest_panic_or_hang_fails_fast", Box::new(|| panic_or_hang(&custom))),
+        ("guest_files_arrive_intact", Box::new(|| files_arrive(&custom))),
     ];
     let (mut passed, mut failed, mut skipped) = (0, 0, 0);
     for (name, test) in tests {
@@ -78,10 +72,7 @@ pub fn run() -> Result<()> {
             }
         }
     }
-    eprintln!(
-        "xtask: VM tests took {:.0}s",
-        started.elapsed().as_secs_f64()
-    );
+    eprintln!("xtask: VM tests took {:.0}s", started.elapsed().as_secs_f64());
     println!("vm: {passed} passed, {failed} failed, {skipped} skipped");
     if failed > 0 {
         bail!("{failed} VM test(s) failed");
@@ -151,9 +142,8 @@ fn doctor(k: &kernel::Kernel, dmaprof: &Path, has_doctor: bool, iommufd: bool) -
     let dir = scratch("doctor");
     if !has_doctor {
         // Until dmaprof has `doctor`: check the same facts with busybox.
-        let mut cmd = String::from(
-            "ls -d /dev/vfio/vfio /dev/vfio/[0-9]* && grep -q ' register_kprobe$' /proc/kallsyms",
-        );
+        let mut cmd =
+            String::from("ls -d /dev/vfio/vfio /dev/vfio/[0-9]* && grep -q ' register_kprobe$' /proc/kallsyms");
         if iommufd {
             cmd += " && ls /dev/iommu /dev/vfio/devices/vfio0";
         }
@@ -167,27 +157,39 @@ fn doctor(k: &kernel::Kernel, dmaprof: &Path, has_doctor: bool, iommufd: bool) -
             Err(e) => Verdict::Failed(e),
         };
     }
-    let cmd = "/bin/dmaprof doctor --json > /out/doctor.json".to_owned();
+    // doctor's own exit status is not the verdict: its JSON is.
+    let cmd = "/bin/dmaprof doctor --json > /out/doctor.json 2> /out/doctor.stderr; \
+               echo \"dmaprof-vm: doctor exit status $?\""
+        .to_owned();
     let console = match boot_ok(plan(k, Some(dmaprof), Payload::Shell(cmd)), &dir) {
         Ok(c) => c,
         Err(e) => return Verdict::Failed(e),
     };
     let text = match fs::read_to_string(dir.join("doctor.json")) {
         Ok(t) => t,
-        Err(e) => return Verdict::Failed(format!("no doctor.json from the guest: {e}")),
+        Err(e) => return Verdict::Failed(format!("no doctor.json from the guest: {e}{}", doctor_stderr(&dir))),
     };
     let json: Value = match serde_json::from_str(&text) {
         Ok(v) => v,
         Err(e) => {
             return Verdict::Failed(format!(
-                "doctor --json is not JSON ({e}): {}",
-                text.chars().take(200).collect::<String>()
+                "doctor --json is not JSON ({e}): {}{}",
+                text.chars().take(200).collect::<String>(),
+                doctor_stderr(&dir)
             ));
         }
     };
     match check_doctor(&json, iommufd, edu_bdf(&console).as_deref()) {
         Ok(()) => Verdict::Ok(String::new()),
         Err(e) => Verdict::Failed(e),
+    }
+}
+
+/// doctor's stderr, for failure messages.
+fn doctor_stderr(dir: &Path) -> String {
+    match fs::read_to_string(dir.join("doctor.stderr")) {
+        Ok(t) if !t.trim().is_empty() => format!("; its stderr: {}", t.trim()),
+        _ => String::new(),
     }
 }
 
@@ -201,24 +203,16 @@ fn check_doctor(json: &Value, iommufd: bool, bdf: Option<&str>) -> Result<(), St
     for cap in caps {
         let c = &json["capabilities"][cap];
         if c["ok"] != Value::Bool(true) {
-            problems.push(format!(
-                "capabilities.{cap}.ok is {} ({})",
-                c["ok"], c["detail"]
-            ));
+            problems.push(format!("capabilities.{cap}.ok is {} ({})", c["ok"], c["detail"]));
         }
     }
     let devices = json["vfio_devices"].as_array().cloned().unwrap_or_default();
     let edu = devices.iter().find(|d| bdf.is_none_or(|b| d["bdf"] == b));
     match edu {
-        None => problems.push(format!(
-            "vfio_devices has no edu device {bdf:?}: {devices:?}"
-        )),
+        None => problems.push(format!("vfio_devices has no edu device {bdf:?}: {devices:?}")),
         Some(d) => {
             if d["driver"] != "vfio-pci" {
-                problems.push(format!(
-                    "edu device driver is {}, not vfio-pci",
-                    d["driver"]
-                ));
+                problems.push(format!("edu device driver is {}, not vfio-pci", d["driver"]));
             }
             if d["iommu_group"].is_null() {
                 problems.push("edu device has no iommu_group".to_owned());
@@ -242,16 +236,10 @@ fn panic_or_hang(k: &kernel::Kernel) -> Verdict {
     match execute(p) {
         Ok(_) => return Verdict::Failed("a guest without init reported success".to_owned()),
         Err(e) if e.kind != qemu::FailKind::Panic || !e.message.contains("panic") => {
-            return Verdict::Failed(format!(
-                "expected a panic failure, got {:?}: {}",
-                e.kind, e.message
-            ));
+            return Verdict::Failed(format!("expected a panic failure, got {:?}: {}", e.kind, e.message));
         }
         Err(_) if t.elapsed() >= timeout => {
-            return Verdict::Failed(format!(
-                "panic noticed only after {:.0}s",
-                t.elapsed().as_secs_f64()
-            ));
+            return Verdict::Failed(format!("panic noticed only after {:.0}s", t.elapsed().as_secs_f64()));
         }
         Err(_) => {}
     }
@@ -263,10 +251,9 @@ fn panic_or_hang(k: &kernel::Kernel) -> Verdict {
     let t = Instant::now();
     match execute(p) {
         Ok(_) => Verdict::Failed("a hung guest reported success".to_owned()),
-        Err(e) if e.kind != qemu::FailKind::Timeout => Verdict::Failed(format!(
-            "expected a timeout, got {:?}: {}",
-            e.kind, e.message
-        )),
+        Err(e) if e.kind != qemu::FailKind::Timeout => {
+            Verdict::Failed(format!("expected a timeout, got {:?}: {}", e.kind, e.message))
+        }
         Err(_) if t.elapsed() > timeout + Duration::from_secs(10) => Verdict::Failed(format!(
             "hung guest stopped only after {:.0}s",
             t.elapsed().as_secs_f64()
@@ -280,10 +267,9 @@ fn panic_or_hang(k: &kernel::Kernel) -> Verdict {
 
 fn files_arrive(k: &kernel::Kernel) -> Verdict {
     let dir = scratch("files");
-    let cmd =
-        "dd if=/dev/urandom of=/out/blob bs=64k count=16 2>/dev/null && mkdir -p /out/sub && \
+    let cmd = "dd if=/dev/urandom of=/out/blob bs=64k count=16 2>/dev/null && mkdir -p /out/sub && \
                echo hello > /out/sub/note.txt && echo \"BLOB-SHA256 $(sha256sum /out/blob)\""
-            .to_owned();
+        .to_owned();
     let console = match boot_ok(plan(k, None, Payload::Shell(cmd)), &dir) {
         Ok(c) => c,
         Err(e) => return Verdict::Failed(e),
@@ -301,10 +287,7 @@ fn files_arrive(k: &kernel::Kernel) -> Verdict {
         Ok(b) => b,
         Err(e) => return Verdict::Failed(format!("blob did not arrive: {e}")),
     };
-    let got: String = Sha256::digest(&blob)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let got: String = Sha256::digest(&blob).iter().map(|b| format!("{b:02x}")).collect();
     if got != want || blob.len() != 1 << 20 {
         return Verdict::Failed(format!(
             "blob differs: {} bytes sha256 {got}, guest had 1048576 bytes sha256 {want}",
