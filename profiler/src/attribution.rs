@@ -58,6 +58,22 @@ impl Category {
     }
 }
 
+impl Category {
+    /// Its colour in flamegraphs (r, g, b).
+    pub fn color(self) -> (u8, u8, u8) {
+        match self {
+            Category::Zeroing => (230, 85, 13),
+            Category::Faulting => (253, 174, 107),
+            Category::Pinning => (49, 130, 189),
+            Category::IommuMap => (49, 163, 84),
+            Category::IommuFlush => (161, 217, 155),
+            Category::Accounting => (117, 107, 177),
+            Category::User => (189, 189, 189),
+            Category::Other => (222, 222, 222),
+        }
+    }
+}
+
 /// Kernel function patterns and their category. A trailing `*` makes a prefix match.
 /// Order does not matter between rows: the stack decides (leaf-most known frame wins).
 pub const CATEGORY_RULES: &[(&str, Category)] = &[

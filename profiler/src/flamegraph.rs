@@ -1,6 +1,85 @@
 //! Folded stacks (Brendan Gregg's format) and SVG flamegraphs (rendered by inferno).
 use std::{collections::BTreeMap, fs, io, path::Path};
 
+use crate::attribution::{CATEGORIES, Category, category_of};
+
+/// The category a flamegraph frame is coloured with: the table's category for kernel functions
+/// it knows, `user` for user-space frames, `other` for the rest.
+fn frame_category(frame: &str) -> Category {
+    if frame == "[user]" {
+        return Category::User;
+    }
+    let name = frame.strip_prefix("cat:").unwrap_or(frame);
+    CATEGORIES.iter().copied().find(|c| c.name() == name).or_else(|| category_of(frame)).unwrap_or(Category::Other)
+}
+
+/// A palette that colours every frame of `folded` by its category.
+fn category_palette(folded: &Folded) -> inferno::flamegraph::color::PaletteMap {
+    let mut text = String::new();
+    let mut seen = std::collections::HashSet::new();
+    for stack in folded.stacks.keys() {
+        for frame in stack.split(';') {
+            if seen.insert(frame) {
+                let (r, g, b) = frame_category(frame).color();
+                text.push_str(&format!("{frame}->rgb({r},{g},{b})\n"));
+            }
+        }
+    }
+    inferno::flamegraph::color::PaletteMap::from_reader(&mut text.as_bytes()).unwrap_or_default()
+}
+
+/// An SVG group with one coloured box and name per category, for the top-right corner.
+fn legend(width: usize) -> String {
+    let mut g = String::from(r#"<g id="dmaprof-legend" font-family="Verdana" font-size="11">"#);
+    let x0 = width.saturating_sub(120);
+    for (i, c) in CATEGORIES.iter().enumerate() {
+        let (r, gr, b) = c.color();
+        let y = 30 + i * 15;
+        g.push_str(&format!(
+            r#"<rect x="{x0}" y="{y}" width="12" height="12" fill="rgb({r},{gr},{b})" stroke="black" stroke-width="0.5"/><text x="{}" y="{}">{}</text>"#,
+            x0 + 16,
+            y + 10,
+            c.name()
+        ));
+    }
+    g.push_str("</g>");
+    g
+}
+
+/// Renders folded `lines` (or differential lines) to an SVG at `path`, coloured by category
+/// unless `differential`, with a category legend.
+fn render(path: &Path, title: &str, count_name: &str, lines: &str, palette: Option<&Folded>) -> io::Result<()> {
+    let mut opts = inferno::flamegraph::Options::default();
+    opts.title = title.to_owned();
+    opts.count_name = count_name.to_owned();
+    opts.deterministic = true;
+    let mut palette_map = palette.map(category_palette);
+    if let Some(map) = palette_map.as_mut() {
+        opts.palette_map = Some(map);
+    } else {
+        opts.colors = inferno::flamegraph::color::Palette::Basic(inferno::flamegraph::color::BasicPalette::Hot);
+    }
+    let width = opts.image_width.unwrap_or(1200);
+    let mut svg = Vec::new();
+    if lines.trim().is_empty() {
+        // inferno refuses empty input; an SVG that says so keeps every phase's file valid.
+        svg = format!(
+            r#"<?xml version="1.0" standalone="no"?><svg version="1.1" width="600" height="60" xmlns="http://www.w3.org/2000/svg"><text x="10" y="30">{}: no samples</text></svg>"#,
+            xml_escape(title)
+        )
+        .into_bytes();
+    } else {
+        inferno::flamegraph::from_lines(&mut opts, lines.lines(), &mut svg).map_err(io::Error::other)?;
+        if palette.is_some() {
+            let text = String::from_utf8_lossy(&svg).into_owned();
+            if let Some(end) = text.rfind("</svg>") {
+                svg = format!("{}{}{}", &text[..end], legend(width), &text[end..]).into_bytes();
+            }
+        }
+    }
+    fs::write(path, svg)
+}
+
 /// Folded stacks: `root;..;leaf` -> sample count, sorted for stable output.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Folded {
@@ -46,30 +125,32 @@ impl Folded {
         Ok(f)
     }
 
-    /// Writes `<stem>.folded` and `<stem>.svg` (an SVG saying "no samples" when empty).
+    /// Writes `<stem>.folded` and `<stem>.svg`, frames coloured by category, with a legend.
     pub fn write(&self, dir: &Path, stem: &str, title: &str) -> io::Result<()> {
-        fs::write(dir.join(format!("{stem}.folded")), self.to_text())?;
-        let mut opts = inferno::flamegraph::Options::default();
-        opts.title = title.to_owned();
-        opts.count_name = "samples".to_owned();
-        opts.colors = inferno::flamegraph::color::Palette::Basic(inferno::flamegraph::color::BasicPalette::Hot);
-        opts.hash = true;
-        opts.deterministic = true;
-        let text = self.to_text();
-        let file = fs::File::create(dir.join(format!("{stem}.svg")))?;
-        let mut writer = io::BufWriter::new(file);
-        if self.stacks.is_empty() {
-            // inferno refuses empty input; an SVG that says so keeps every phase's file valid.
-            use io::Write as _;
-            write!(
-                writer,
-                r#"<?xml version="1.0" standalone="no"?><svg version="1.1" width="600" height="60" xmlns="http://www.w3.org/2000/svg"><text x="10" y="30">{}: no samples</text></svg>"#,
-                xml_escape(title)
-            )?;
-            return Ok(());
-        }
-        inferno::flamegraph::from_lines(&mut opts, text.lines(), &mut writer).map_err(io::Error::other)
+        self.write_counted(dir, stem, title, "samples")
     }
+
+    /// As [`Folded::write`], with the name of what the counts count (samples, ns).
+    pub fn write_counted(&self, dir: &Path, stem: &str, title: &str, count_name: &str) -> io::Result<()> {
+        let text = self.to_text();
+        fs::write(dir.join(format!("{stem}.folded")), &text)?;
+        render(&dir.join(format!("{stem}.svg")), title, count_name, &text, Some(self))
+    }
+}
+
+/// Writes a differential flamegraph (`before` -> `after`, red = grew, blue = shrank) and its
+/// two-count folded lines to `<stem>.folded` / `<stem>.svg` in `dir`.
+pub fn write_differential(before: &Folded, after: &Folded, dir: &Path, stem: &str, title: &str) -> io::Result<()> {
+    let mut lines = Vec::new();
+    inferno::differential::from_readers(
+        inferno::differential::Options::default(),
+        before.to_text().as_bytes(),
+        after.to_text().as_bytes(),
+        &mut lines,
+    )?;
+    let text = String::from_utf8_lossy(&lines).into_owned();
+    fs::write(dir.join(format!("{stem}.folded")), &text)?;
+    render(&dir.join(format!("{stem}.svg")), title, "samples", &text, None)
 }
 
 fn xml_escape(s: &str) -> String {
@@ -106,6 +187,27 @@ mod tests {
         assert!(svg.contains("<svg") && svg.contains("clear_page_erms"));
         Folded::default().write(&dir, "empty", "empty").unwrap();
         assert!(fs::read_to_string(dir.join("empty.svg")).unwrap().contains("<svg"));
+        let mut after = Folded::default();
+        after.add(["mmap", "clear_page_erms"], 9);
+        write_differential(&f, &after, &dir, "d", "diff").unwrap();
+        let d = fs::read_to_string(dir.join("d.folded")).unwrap();
+        assert!(d.contains("mmap;clear_page_erms 5 9"), "{d}");
+        assert!(fs::read_to_string(dir.join("d.svg")).unwrap().contains("<svg"));
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn frames_are_coloured_by_category() {
+        assert_eq!(frame_category("clear_page_erms"), Category::Zeroing);
+        assert_eq!(frame_category("[user]"), Category::User);
+        assert_eq!(frame_category("cat:pinning"), Category::Pinning);
+        assert_eq!(frame_category("mmap"), Category::Other);
+        let mut f = Folded::default();
+        f.add(["mmap", "handle_mm_fault", "clear_page_erms"], 1);
+        let p = category_palette(&f);
+        let z = Category::Zeroing.color();
+        let c = p.get("clear_page_erms").unwrap();
+        assert_eq!((c.r, c.g, c.b), z);
+        assert!(legend(1200).contains("iommu_flush"));
     }
 }

@@ -41,6 +41,27 @@ enum Command {
     List,
     /// Run the workload matrix under the probes and report where the time went.
     Run(RunArgs),
+    /// Re-render a saved report.json as tables (or JSON).
+    Report {
+        /// The report.json of a run.
+        report: PathBuf,
+        /// Print JSON instead of the tables.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Compare two runs case by case and phase by phase, with differential flamegraphs.
+    Diff {
+        /// report.json of the first run (before).
+        before: PathBuf,
+        /// report.json of the second run (after).
+        after: PathBuf,
+        /// Where the differential flamegraphs go (default: dmaprof-out/diff-<timestamp>).
+        #[arg(short = 'o', long = "out")]
+        out: Option<PathBuf>,
+        /// Print the comparison as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(clap::Args)]
@@ -120,6 +141,27 @@ fn main() -> ExitCode {
             out(&matrix::all_cases().iter().map(|c| c.name() + "\n").collect::<String>());
             ExitCode::SUCCESS
         }
+        Command::Report { report, json } => match report::read(&report) {
+            Ok(r) => {
+                if json {
+                    out(&(serde_json::to_string_pretty(&r).expect("reports serialise") + "\n"));
+                } else {
+                    out(&report::render_table(&r));
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("dmaprof: {e}");
+                ExitCode::from(2)
+            }
+        },
+        Command::Diff { before, after, out: dir, json } => match diff_command(&before, &after, dir, json) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("dmaprof: {e:#}");
+                ExitCode::from(2)
+            }
+        },
         Command::Run(args) => match run_command(args) {
             Ok(code) => code,
             Err(e) => {
@@ -153,6 +195,42 @@ fn timestamp() -> String {
         rem % 3600 / 60,
         rem % 60
     )
+}
+
+/// `dmaprof diff`: the comparison on stdout, differential flamegraphs in `dir`.
+fn diff_command(before: &std::path::Path, after: &std::path::Path, dir: Option<PathBuf>, json: bool) -> anyhow::Result<()> {
+    let a = report::read(before)?;
+    let b = report::read(after)?;
+    let d = report::diff(&a, &b);
+    let dir = dir.unwrap_or_else(|| PathBuf::from("dmaprof-out").join(format!("diff-{}", timestamp())));
+    let base = |p: &std::path::Path| p.parent().map(std::path::Path::to_path_buf).unwrap_or_default();
+    let (base_a, base_b) = (base(before), base(after));
+    let mut written = 0;
+    for p in &d.phases {
+        let find = |r: &report::Report, base: &std::path::Path| {
+            r.cases
+                .iter()
+                .find(|c| c.name == p.case)
+                .and_then(|c| c.phases.iter().find(|x| x.name == p.phase))
+                .and_then(|x| std::fs::read_to_string(base.join(&x.folded)).ok())
+                .and_then(|t| profiler::flamegraph::Folded::parse(&t).ok())
+        };
+        // A run whose folded files are gone still diffs; it just has no flamegraphs.
+        if let (Some(fa), Some(fb)) = (find(&a, &base_a), find(&b, &base_b)) {
+            let case_dir = dir.join(&p.case);
+            std::fs::create_dir_all(&case_dir).with_context(|| format!("creating {}", case_dir.display()))?;
+            profiler::flamegraph::write_differential(&fa, &fb, &case_dir, &p.phase, &format!("{} {}: before -> after", p.case, p.phase))
+                .with_context(|| format!("writing the differential flamegraph for {} {}", p.case, p.phase))?;
+            written += 1;
+        }
+    }
+    if json {
+        out(&(serde_json::to_string_pretty(&d)? + "\n"));
+    } else {
+        out(&report::render_diff(&d));
+        out(&format!("\n{written} differential flamegraphs in {}\n", dir.display()));
+    }
+    Ok(())
 }
 
 fn run_command(args: RunArgs) -> anyhow::Result<ExitCode> {

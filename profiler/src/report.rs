@@ -114,6 +114,9 @@ pub struct CaseReport {
     pub page_size: u64,
     /// Phases in execution order.
     pub phases: Vec<PhaseReport>,
+    /// Category-level flamegraph of the exact numbers (phase -> category -> function).
+    #[serde(default)]
+    pub summary_flamegraph: Option<String>,
 }
 
 /// Median/min/max over iterations, plus every run.
@@ -459,4 +462,127 @@ mod tests {
                 .contains("does not match")
         );
     }
+}
+
+/// One phase compared between two runs.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PhaseDiff {
+    /// Case name.
+    pub case: String,
+    /// Phase name.
+    pub phase: String,
+    /// Median wall time before.
+    pub before_ns: u64,
+    /// Median wall time after.
+    pub after_ns: u64,
+    /// after - before.
+    pub delta_ns: i64,
+    /// Relative change in percent (0 when before is 0).
+    pub delta_pct: f64,
+    /// Exact ns per category: (before, after, delta).
+    pub exact: BTreeMap<String, (u64, u64, i64)>,
+    /// Sampled share per category, change in percentage points.
+    pub sampled_pp: BTreeMap<String, f64>,
+}
+
+/// Two runs compared case by case and phase by phase.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RunDiff {
+    /// Kernel release before / after.
+    pub kernels: (String, String),
+    /// Phases present in both.
+    pub phases: Vec<PhaseDiff>,
+    /// Cases only in the first run.
+    pub only_before: Vec<String>,
+    /// Cases only in the second run.
+    pub only_after: Vec<String>,
+}
+
+/// Compares two reports.
+pub fn diff(before: &Report, after: &Report) -> RunDiff {
+    let mut phases = Vec::new();
+    for ca in &before.cases {
+        let Some(cb) = after.cases.iter().find(|c| c.name == ca.name) else { continue };
+        for pa in &ca.phases {
+            let Some(pb) = cb.phases.iter().find(|p| p.name == pa.name) else { continue };
+            let (b, a) = (pa.wall_ns.median, pb.wall_ns.median);
+            let delta = a as i64 - b as i64;
+            let keys: std::collections::BTreeSet<&String> =
+                pa.exact.categories.keys().chain(pb.exact.categories.keys()).collect();
+            let exact = keys
+                .into_iter()
+                .map(|k| {
+                    let x = pa.exact.categories.get(k).copied().unwrap_or(0);
+                    let y = pb.exact.categories.get(k).copied().unwrap_or(0);
+                    (k.clone(), (x, y, y as i64 - x as i64))
+                })
+                .collect();
+            let sampled_pp = CATEGORIES
+                .iter()
+                .map(|c| {
+                    let x = pa.sampled.categories.get(c.name()).copied().unwrap_or(0.0);
+                    let y = pb.sampled.categories.get(c.name()).copied().unwrap_or(0.0);
+                    (c.name().to_owned(), (y - x) * 100.0)
+                })
+                .collect();
+            phases.push(PhaseDiff {
+                case: ca.name.clone(),
+                phase: pa.name.clone(),
+                before_ns: b,
+                after_ns: a,
+                delta_ns: delta,
+                delta_pct: if b == 0 { 0.0 } else { delta as f64 / b as f64 * 100.0 },
+                exact,
+                sampled_pp,
+            });
+        }
+    }
+    let names = |r: &Report| r.cases.iter().map(|c| c.name.clone()).collect::<Vec<_>>();
+    let (nb, na) = (names(before), names(after));
+    RunDiff {
+        kernels: (before.kernel.release.clone(), after.kernel.release.clone()),
+        only_before: nb.iter().filter(|n| !na.contains(n)).cloned().collect(),
+        only_after: na.iter().filter(|n| !nb.contains(n)).cloned().collect(),
+        phases,
+    }
+}
+
+/// The diff as a table.
+pub fn render_diff(d: &RunDiff) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "before: Linux {}   after: Linux {}", d.kernels.0, d.kernels.1);
+    let mut case = "";
+    for p in &d.phases {
+        if p.case != case {
+            case = &p.case;
+            let _ = writeln!(
+                out,
+                "\n{case}\n  {:<13}{:>12}{:>12}{:>12}{:>9}  exact category deltas (ms)",
+                "phase", "before ms", "after ms", "delta ms", "delta"
+            );
+        }
+        let cats: Vec<String> = p
+            .exact
+            .iter()
+            .filter(|(_, (_, _, d))| *d != 0)
+            .map(|(k, (_, _, d))| format!("{k} {:+.3}", *d as f64 / 1e6))
+            .collect();
+        let _ = writeln!(
+            out,
+            "  {:<13}{:>12}{:>12}{:>12}{:>8.1}%  {}",
+            p.phase,
+            ms(p.before_ns),
+            ms(p.after_ns),
+            format!("{:+.3}", p.delta_ns as f64 / 1e6),
+            p.delta_pct,
+            cats.join(", ")
+        );
+    }
+    for n in &d.only_before {
+        let _ = writeln!(out, "only in the first run: {n}");
+    }
+    for n in &d.only_after {
+        let _ = writeln!(out, "only in the second run: {n}");
+    }
+    out
 }

@@ -388,6 +388,26 @@ pub fn write_report(dir: &Path, report: &Report) -> Result<(), RunError> {
     })
 }
 
+/// phase -> category -> function, weighted by exact exclusive ns (median iterations), with the
+/// syscall time no row covered and the unattributed rest as their own frames.
+fn summary_folded(phases: &[PhaseReport]) -> Folded {
+    let mut f = Folded::default();
+    for p in phases {
+        let mut covered = 0;
+        for r in &p.exact.rows {
+            f.add([p.name.as_str(), &format!("cat:{}", r.category), &r.function], r.exclusive_ns);
+            if r.category == "other" {
+                covered += r.exclusive_ns;
+            }
+        }
+        let rest = p.exact.categories.get("other").copied().unwrap_or(0).saturating_sub(covered);
+        f.add([p.name.as_str(), "cat:other", "[syscall, unprobed]"], rest);
+        f.add([p.name.as_str(), "[unattributed]"], p.exact.unattributed_ns.max(0) as u64);
+    }
+    f.stacks.retain(|_, n| *n > 0);
+    f
+}
+
 /// The exact breakdown of `phase` for its median iteration.
 fn exact_breakdown(
     phase: Phase,
@@ -524,7 +544,12 @@ fn case_report(
             flamegraph: format!("{name}/{stem}.svg"),
         });
     }
+    let summary = summary_folded(&phases);
+    summary
+        .write_counted(&case_dir, "summary", &format!("{name}: exact time, phase -> category -> function"), "ns")
+        .map_err(|source| RunError::Output { path: case_dir.join("summary.svg").display().to_string(), source })?;
     Ok(CaseReport {
+        summary_flamegraph: Some(format!("{name}/summary.svg")),
         name,
         iommu_mode: case.mode.name().into(),
         backing: case.backing.name.into(),

@@ -363,3 +363,54 @@ fn bad_input_gives_one_clear_line() {
     }
     fs::remove_file(file).unwrap();
 }
+
+#[test]
+fn report_rerenders_and_diff_compares() {
+    let _serial = serial();
+    if !can_run("report_rerenders_and_diff_compares") {
+        return;
+    }
+    let (small, dir_a) = run_json("diff-a", &["-b", "64M", "-v", "none_anonymous.populate", "-n", "1"]);
+    let (_, dir_b) = run_json("diff-b", &["-b", "512M", "-v", "none_anonymous.populate", "-n", "1"]);
+    let a = dir_a.join("report.json");
+    let b = dir_b.join("report.json");
+    // `report` re-renders exactly what was saved.
+    let r = dmaprof().arg("report").arg(&a).arg("--json").output().unwrap();
+    ok(&r);
+    assert_eq!(serde_json::from_slice::<Value>(&r.stdout).unwrap(), small);
+    let t = dmaprof().arg("report").arg(&a).output().unwrap();
+    ok(&t);
+    assert!(String::from_utf8_lossy(&t.stdout).contains("none_anonymous.populate"));
+    // A run against itself: no change anywhere.
+    let same = dmaprof().arg("diff").arg(&a).arg(&a).arg("--json").arg("-o").arg(dir_a.join("d0")).output().unwrap();
+    ok(&same);
+    let d: Value = serde_json::from_slice(&same.stdout).unwrap();
+    for p in d["phases"].as_array().unwrap() {
+        assert_eq!(p["delta_ns"], 0, "{p}");
+        assert!(p["exact"].as_object().unwrap().values().all(|v| v[2] == 0));
+    }
+    // 8x the size: MAP_POPULATE takes longer, and the differential flamegraph exists.
+    let grow = dmaprof().arg("diff").arg(&a).arg(&b).arg("--json").arg("-o").arg(dir_a.join("d1")).output().unwrap();
+    ok(&grow);
+    let d: Value = serde_json::from_slice(&grow.stdout).unwrap();
+    let mmap = d["phases"].as_array().unwrap().iter().find(|p| p["phase"] == "mmap").unwrap();
+    assert!(mmap["delta_ns"].as_i64().unwrap() > 0, "bigger populate should be slower: {mmap}");
+    let svg = fs::read_to_string(dir_a.join("d1/none_anonymous.populate/mmap.svg")).unwrap();
+    assert!(svg.contains("<svg"));
+    // Bad reports: one clear line, exit 2.
+    let trunc = dir_a.join("trunc.json");
+    fs::write(&trunc, &fs::read_to_string(&a).unwrap()[..100]).unwrap();
+    let other = dir_a.join("other.json");
+    fs::write(&other, r#"{"schema":"perf.script.v0"}"#).unwrap();
+    for (bad, needle) in [(&trunc, "invalid JSON"), (&other, "perf.script.v0"), (&dir_a.join("missing.json"), "cannot read")] {
+        for args in [vec!["report".into(), bad.clone()], vec!["diff".into(), bad.clone(), a.clone()]] {
+            let o = dmaprof().args(&args).output().unwrap();
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+            assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+            assert!(err.contains(needle), "{err}");
+        }
+    }
+    fs::remove_dir_all(dir_a).unwrap();
+    fs::remove_dir_all(dir_b).unwrap();
+}
