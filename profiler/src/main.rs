@@ -94,6 +94,9 @@ struct RunArgs {
     /// Bind the device to vfio-pci for the run if another driver has it (restored afterwards).
     #[arg(long)]
     bind: bool,
+    /// Load no probes: every iteration untraced (wall times only).
+    #[arg(long)]
+    no_trace: bool,
 }
 
 fn size_arg(s: &str) -> Result<u64, String> {
@@ -245,6 +248,7 @@ fn run_command(args: RunArgs) -> anyhow::Result<ExitCode> {
             .unwrap_or_else(|| PathBuf::from("dmaprof-out").join(timestamp())),
         device: args.device,
         bind: args.bind,
+        no_trace: args.no_trace,
     };
     if opts.out.exists() && !opts.out.is_dir() {
         return Err(RunError::Usage(format!("--out {} exists and is not a directory", opts.out.display())).into());

@@ -67,6 +67,13 @@ pub struct Config {
     /// The prefaults selected.
     #[serde(default)]
     pub prefaults: Vec<String>,
+    /// False with --no-trace: no probe was loaded.
+    #[serde(default = "yes")]
+    pub traced: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// A probe's attachment, as recorded in the report.
@@ -200,6 +207,12 @@ pub struct PhaseReport {
     /// Exact entry/exit breakdown.
     #[serde(default)]
     pub exact: Exact,
+    /// Wall time of one untraced iteration (no probe loaded), when one ran.
+    #[serde(default)]
+    pub untraced_ns: Option<u64>,
+    /// Traced median / untraced: what observing cost this phase.
+    #[serde(default)]
+    pub overhead: Option<f64>,
     /// Counters.
     pub counters: Counters,
     /// Folded-stack file, relative to the report's directory.
@@ -355,8 +368,8 @@ pub fn render_table(report: &Report) -> String {
         }
         let _ = write!(
             out,
-            "  {:<13}{:>10}{:>10}{:>10}{:>8}{:>10}{:>9}{:>8}",
-            "phase", "median ms", "min ms", "max ms", "GiB/s", "kernel ms", "faults", "samples"
+            "  {:<13}{:>10}{:>10}{:>10}{:>8}{:>8}{:>10}{:>9}{:>8}",
+            "phase", "median ms", "min ms", "max ms", "GiB/s", "traced", "kernel ms", "faults", "samples"
         );
         for c in &cat_names {
             let _ = write!(out, " {:>9}", short(c));
@@ -371,12 +384,13 @@ pub fn render_table(report: &Report) -> String {
             };
             let _ = write!(
                 out,
-                "  {:<13}{:>10}{:>10}{:>10}{:>8}{:>10}{:>9}{:>8}",
+                "  {:<13}{:>10}{:>10}{:>10}{:>8}{:>8}{:>10}{:>9}{:>8}",
                 p.name,
                 ms(p.wall_ns.median),
                 ms(p.wall_ns.min),
                 ms(p.wall_ns.max),
                 gib,
+                p.overhead.map_or("-".into(), |o| format!("x{o:.2}")),
                 ms(p.kernel_ns.median),
                 p.counters.faults,
                 p.sampled.samples

@@ -48,6 +48,8 @@ pub struct RunOptions {
     pub device: Option<String>,
     /// Bind the device to vfio-pci for the run if it is bound elsewhere.
     pub bind: bool,
+    /// Load no probes at all: every iteration untraced.
+    pub no_trace: bool,
 }
 
 /// Why a run could not start or finish.
@@ -223,7 +225,7 @@ pub fn lock_instance() -> Result<InstanceLock, RunError> {
 
 /// Routes each phase of each iteration to its own slot in the BPF maps.
 struct SlotObserver<'a> {
-    probes: &'a mut Probes,
+    probes: Option<&'a mut Probes>,
     iteration: u32,
     progress: &'a Progress,
     case: String,
@@ -238,17 +240,79 @@ impl PhaseObserver for SlotObserver<'_> {
     fn begin(&mut self, phase: Phase) {
         self.progress
             .set(Some((format!("{} {}", self.case, phase.name()), Instant::now())));
-        if let Err(e) = self.probes.set_phase(slot(self.iteration, phase)) {
+        if let Some(Err(e)) = self.probes.as_mut().map(|p| p.set_phase(slot(self.iteration, phase))) {
             self.error.get_or_insert(e);
         }
     }
 
     fn end(&mut self, _phase: Phase) {
-        if let Err(e) = self.probes.set_phase(0) {
+        if let Some(Err(e)) = self.probes.as_mut().map(|p| p.set_phase(0)) {
             self.error.get_or_insert(e);
         }
         self.progress.set(None);
     }
+}
+
+/// The iterations of one case that ran, and what stopped the rest.
+struct CaseRuns {
+    runs: Vec<Vec<PhaseRun>>,
+    failure: Option<WorkloadError>,
+}
+
+/// Why a case did not run at all.
+enum CaseError {
+    /// This host cannot run it (e.g. no hugepages): skipped with the reason.
+    Skip(String),
+    /// Setting it up failed (e.g. the DMA context): a failure.
+    Fail(String),
+    /// The probes broke: the whole run stops.
+    Probes(ProbeError),
+}
+
+/// Reserves what `case` needs, sets up its DMA context, runs one discarded warm-up iteration,
+/// then `iterations` iterations traced into `probes` if given.
+fn run_case(
+    case: &Case,
+    opts: &RunOptions,
+    device: Option<&Device>,
+    iterations: u32,
+    mut probes: Option<&mut Probes>,
+    progress: &Progress,
+    cancel: &AtomicBool,
+) -> Result<CaseRuns, CaseError> {
+    let _reservation = match case.backing.hugetlb_kb {
+        Some(kb) => Some(Reservation::reserve(kb, opts.size / case.backing.page_size()).map_err(CaseError::Skip)?),
+        None => None,
+    };
+    let traced = if probes.is_some() { "traced" } else { "untraced" };
+    eprintln!("dmaprof: {} {traced} ({iterations} x {})", case.name(), crate::size::HumanSize(opts.size));
+    let mut dma = match (case.mode, device) {
+        (IommuMode::None, _) => None,
+        (mode, Some(dev)) => Some(
+            DmaContext::open(mode, dev, case.backing.memfd, opts.size, case.backing.page_size())
+                .map_err(|e| CaseError::Fail(e.to_string()))?,
+        ),
+        (_, None) => return Err(CaseError::Skip("needs a VFIO device".into())),
+    };
+    // Warm up untraced and discard: first touches of fresh (or freshly reserved) memory are
+    // many times slower and would make every first iteration an outlier.
+    let mut warm = SlotObserver { probes: None, iteration: 0, progress, case: case.name(), error: None };
+    if let Err(e) = workload::run_iteration(case, opts.size, dma.as_mut(), &mut warm, cancel) {
+        return Ok(CaseRuns { runs: Vec::new(), failure: Some(e) });
+    }
+    let mut runs = Vec::new();
+    for iteration in 0..iterations {
+        let mut obs = SlotObserver { probes: probes.as_deref_mut(), iteration, progress, case: case.name(), error: None };
+        let r = workload::run_iteration(case, opts.size, dma.as_mut(), &mut obs, cancel);
+        if let Some(e) = obs.error.take() {
+            return Err(CaseError::Probes(e));
+        }
+        match r {
+            Ok(r) => runs.push(r),
+            Err(e) => return Ok(CaseRuns { runs, failure: Some(e) }),
+        }
+    }
+    Ok(CaseRuns { runs, failure: None })
 }
 
 /// Runs the plan on the calling thread (the probes watch this thread only).
@@ -265,7 +329,6 @@ pub fn execute(
         source,
     })?;
     let symbols = KernelSymbols::load().ok();
-    let mut probes = Probes::attach(gettid(), opts.freq_hz, symbols.as_ref())?;
     let mut report = Report {
         schema: report::SCHEMA.into(),
         dmaprof_version: env!("CARGO_PKG_VERSION").into(),
@@ -278,97 +341,64 @@ pub fn execute(
             freq_hz: opts.freq_hz,
             variants: opts.variants.clone(),
             prefaults: opts.prefaults.iter().map(|p| p.name().to_owned()).collect(),
+            traced: !opts.no_trace,
         },
         cases: Vec::new(),
         skipped: plan.skipped,
         failed: Vec::new(),
-        probes: probes.status.iter().map(Into::into).collect(),
+        probes: Vec::new(),
         partial: false,
     };
+    // Untraced reference: one iteration per case before any probe is loaded, so the report
+    // can show what tracing costs (traced / untraced) per phase.
+    let mut untraced: BTreeMap<String, Vec<PhaseRun>> = BTreeMap::new();
+    if !opts.no_trace {
+        for case in &plan.run {
+            if let Ok(CaseRuns { runs, failure: None }) = run_case(case, opts, device, 1, None, progress, cancel) {
+                untraced.extend(runs.into_iter().next().map(|r| (case.name(), r)));
+            }
+        }
+    }
+    let mut probes = if opts.no_trace { None } else { Some(Probes::attach(gettid(), opts.freq_hz, symbols.as_ref())?) };
+    report.probes = probes.as_ref().map(|p| p.status.iter().map(Into::into).collect()).unwrap_or_default();
     for case in plan.run {
         if cancel.load(Ordering::Relaxed) {
             report.partial = true;
             break;
         }
-        let _reservation = match case.backing.hugetlb_kb {
-            Some(kb) => match Reservation::reserve(kb, opts.size / case.backing.page_size()) {
-                Ok(r) => Some(r),
-                Err(reason) => {
-                    eprintln!("dmaprof: skipping {}: {reason}", case.name());
-                    report.skipped.push(Skipped {
-                        name: case.name(),
-                        reason,
-                    });
-                    continue;
-                }
-            },
-            None => None,
+        let result = run_case(&case, opts, device, opts.iterations, probes.as_mut(), progress, cancel);
+        let CaseRuns { runs, failure } = match result {
+            Ok(r) => r,
+            Err(CaseError::Skip(reason)) => {
+                eprintln!("dmaprof: skipping {}: {reason}", case.name());
+                report.skipped.push(Skipped { name: case.name(), reason });
+                continue;
+            }
+            Err(CaseError::Fail(error)) => {
+                eprintln!("dmaprof: {} failed: {error}", case.name());
+                report.failed.push(Failed { name: case.name(), error });
+                continue;
+            }
+            Err(CaseError::Probes(e)) => return Err(e.into()),
         };
-        eprintln!(
-            "dmaprof: running {} ({} x {})",
-            case.name(),
-            opts.iterations,
-            crate::size::HumanSize(opts.size)
-        );
-        let mut dma = match (case.mode, device) {
-            (IommuMode::None, _) => None,
-            (mode, Some(dev)) => {
-                match DmaContext::open(mode, dev, case.backing.memfd, opts.size, case.backing.page_size()) {
-                    Ok(ctx) => Some(ctx),
-                    Err(e) => {
-                        eprintln!("dmaprof: {} failed: {e}", case.name());
-                        report.failed.push(Failed {
-                            name: case.name(),
-                            error: e.to_string(),
-                        });
-                        continue;
-                    }
-                }
-            }
-            (_, None) => unreachable!("plan skips DMA cases without a device"),
+        let drained = match probes.as_mut() {
+            Some(p) => p.drain(1 + opts.iterations * PHASES.len() as u32)?,
+            None => Drained::default(),
         };
-        let mut runs: Vec<Vec<PhaseRun>> = Vec::new();
-        let mut failure = None;
-        for iteration in 0..opts.iterations {
-            let mut obs = SlotObserver {
-                probes: &mut probes,
-                iteration,
-                progress,
-                case: case.name(),
-                error: None,
-            };
-            let r = workload::run_iteration(&case, opts.size, dma.as_mut(), &mut obs, cancel);
-            if let Some(e) = obs.error.take() {
-                return Err(e.into());
-            }
-            match r {
-                Ok(r) => runs.push(r),
-                Err(e) => {
-                    failure = Some(e);
-                    break;
-                }
-            }
+        let reference = untraced.get(&case.name()).map(Vec::as_slice);
+        if !runs.is_empty() {
+            report.cases.push(case_report(opts, &case, &runs, reference, drained, symbols.as_ref())?);
         }
-        let drained = probes.drain(1 + opts.iterations * PHASES.len() as u32)?;
         match failure {
             Some(WorkloadError::Interrupted) => {
                 report.partial = true;
-                if !runs.is_empty() {
-                    report
-                        .cases
-                        .push(case_report(opts, &case, &runs, drained, symbols.as_ref())?);
-                }
                 break;
             }
             Some(e) => {
-                return Err(RunError::Case {
-                    case: case.name(),
-                    source: e,
-                });
+                eprintln!("dmaprof: {} failed: {e}", case.name());
+                report.failed.push(Failed { name: case.name(), error: e.to_string() });
             }
-            None => report
-                .cases
-                .push(case_report(opts, &case, &runs, drained, symbols.as_ref())?),
+            None => {}
         }
     }
     if cancel.load(Ordering::Relaxed) {
@@ -459,6 +489,7 @@ fn case_report(
     opts: &RunOptions,
     case: &Case,
     runs: &[Vec<PhaseRun>],
+    untraced: Option<&[PhaseRun]>,
     drained: Drained,
     symbols: Option<&KernelSymbols>,
 ) -> Result<CaseReport, RunError> {
@@ -522,8 +553,12 @@ fn case_report(
             0.0
         };
         let exact = exact_breakdown(phase, &per_iter, &iter_counters, &drained.rows);
+        let untraced_ns = untraced.and_then(|u| u.iter().find(|p| p.phase == phase)).map(|p| p.wall_ns);
+        let overhead = untraced_ns.filter(|u| *u > 0).map(|u| wall.median as f64 / u as f64);
         phases.push(PhaseReport {
             name: stem.into(),
+            untraced_ns,
+            overhead,
             exact,
             wall_ns: wall,
             kernel_ns: kernel,
