@@ -237,6 +237,11 @@ fn diff_command(before: &std::path::Path, after: &std::path::Path, dir: Option<P
 }
 
 fn run_command(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")?;
+    let signals = {
+        let _ctx = rt.enter();
+        StopSignals::register()
+    };
     let opts = RunOptions {
         size: args.size,
         variants: args.variants,
@@ -299,10 +304,6 @@ fn run_command(args: RunArgs) -> anyhow::Result<ExitCode> {
     let cancel = Arc::new(AtomicBool::new(false));
     let signal = Arc::new(AtomicI32::new(0));
     let progress = Arc::new(Progress::default());
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the runtime")?;
     let worker = {
         let (cancel, progress, opts) = (cancel.clone(), progress.clone(), opts.clone());
         std::thread::Builder::new()
@@ -310,7 +311,7 @@ fn run_command(args: RunArgs) -> anyhow::Result<ExitCode> {
             .spawn(move || run::execute(&opts, plan, &doctor, device.as_ref(), &cancel, &progress))
             .context("starting the workload thread")?
     };
-    rt.block_on(supervise(&worker, &cancel, &signal, &progress));
+    rt.block_on(supervise(&worker, signals, &cancel, &signal, &progress));
     let report = worker
         .join()
         .map_err(|_| anyhow::anyhow!("the workload thread panicked"))??;
@@ -328,16 +329,34 @@ fn run_command(args: RunArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Waits for the workload thread while handling stop signals and printing progress.
+/// The stop signals dmaprof handles, registered before it changes anything so that a signal
+/// at any moment is queued for [`supervise`] instead of killing the process.
+struct StopSignals {
+    int: Option<tokio::signal::unix::Signal>,
+    term: Option<tokio::signal::unix::Signal>,
+    hup: Option<tokio::signal::unix::Signal>,
+}
+
+impl StopSignals {
+    /// Registers SIGINT, SIGTERM and SIGHUP (must run inside the runtime's context).
+    fn register() -> Self {
+        use tokio::signal::unix::{SignalKind, signal};
+        Self {
+            int: signal(SignalKind::interrupt()).ok(),
+            term: signal(SignalKind::terminate()).ok(),
+            hup: signal(SignalKind::hangup()).ok(),
+        }
+    }
+}
+
 async fn supervise(
     worker: &std::thread::JoinHandle<Result<report::Report, RunError>>,
+    signals: StopSignals,
     cancel: &AtomicBool,
     signal: &AtomicI32,
     progress: &Progress,
 ) {
-    use tokio::signal::unix::{SignalKind, signal as unix_signal};
-    let mut sigint = unix_signal(SignalKind::interrupt()).ok();
-    let mut sigterm = unix_signal(SignalKind::terminate()).ok();
-    let mut sighup = unix_signal(SignalKind::hangup()).ok();
+    let StopSignals { int: mut sigint, term: mut sigterm, hup: mut sighup } = signals;
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     let mut last_note = std::time::Instant::now();
     async fn recv(s: &mut Option<tokio::signal::unix::Signal>) {

@@ -414,3 +414,103 @@ fn report_rerenders_and_diff_compares() {
     fs::remove_dir_all(dir_a).unwrap();
     fs::remove_dir_all(dir_b).unwrap();
 }
+
+/// A deterministic-but-varied sequence of delays (no rand crate needed for 10 numbers).
+fn delays(n: usize, max_ms: u64) -> Vec<u64> {
+    let mut x = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % max_ms
+        })
+        .collect()
+}
+
+#[test]
+fn signals_at_random_moments_leave_nothing_behind() {
+    let _serial = serial();
+    if !can_run("signals_at_random_moments_leave_nothing_behind") {
+        return;
+    }
+    let Some(before) = nr_hugepages(2048) else {
+        eprintln!("SKIPPED signals_at_random_moments_leave_nothing_behind: no 2 MiB hugetlb pool");
+        return;
+    };
+    let dir = tmpdir("signals");
+    let mut interrupted = 0;
+    for (i, delay) in delays(12, 1500).into_iter().enumerate() {
+        let (sig, code) = [(libc::SIGINT, 130), (libc::SIGTERM, 143), (libc::SIGHUP, 129)][i % 3];
+        let out = dir.join(format!("r{i}"));
+        let mut child = dmaprof()
+            .args(["run", "-b", "128M", "-v", "none_*hugetlb_2mb", "-v", "none_anonymous", "-n", "3", "-o"])
+            .arg(&out)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(delay));
+        // SAFETY: signalling our own child process.
+        unsafe { libc::kill(child.id() as i32, sig) };
+        let status = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&status.stderr);
+        assert!(!err.contains("panicked"), "{err}");
+        match status.status.code() {
+            Some(0) => {}
+            Some(c) if c == code => {
+                interrupted += 1;
+                // Interrupted after the report directory exists: the report says it is partial.
+                if let Ok(text) = fs::read_to_string(out.join("report.json")) {
+                    let r: Value = serde_json::from_str(&text).unwrap();
+                    assert_eq!(r["partial"], true, "interrupted run's report must be marked partial");
+                }
+            }
+            other => panic!("signal {sig} after {delay} ms: exit {other:?}: {err}"),
+        }
+        assert_eq!(nr_hugepages(2048), Some(before), "signal {sig} after {delay} ms left hugepages raised");
+    }
+    assert!(interrupted > 0, "no run was interrupted; the delays were all too long");
+    fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn second_instance_refuses_and_unprivileged_run_says_why() {
+    let _serial = serial();
+    if !can_run("second_instance_refuses_and_unprivileged_run_says_why") {
+        return;
+    }
+    let dir = tmpdir("lock");
+    let mut first = dmaprof()
+        .args(["run", "-b", "512M", "-v", "none_anonymous.touch", "-n", "5", "-o"])
+        .arg(dir.join("a"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let second = dmaprof().args(["run", "-b", "64M", "-v", "none_anonymous.none", "-o"]).arg(dir.join("b")).output().unwrap();
+    let err = String::from_utf8_lossy(&second.stderr);
+    first.kill().unwrap();
+    first.wait().unwrap();
+    assert_eq!(second.status.code(), Some(1), "{err}");
+    assert!(err.contains("another dmaprof is running"), "{err}");
+    // Without privileges: one line naming the capabilities, exit 2.
+    if Path::new("/usr/bin/setpriv").exists() {
+        let out = Command::new("/usr/bin/setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all"])
+            .arg(env!("CARGO_BIN_EXE_dmaprof"))
+            .args(["run", "-b", "64M", "-v", "none_anonymous.none", "-o", "/tmp/dmaprof-unpriv-never"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        for cap in ["CAP_BPF", "CAP_PERFMON", "CAP_SYS_ADMIN", "CAP_IPC_LOCK"] {
+            assert!(err.contains(cap), "{err}");
+        }
+    } else {
+        eprintln!("SKIPPED unprivileged part: no /usr/bin/setpriv");
+    }
+    let _ = fs::remove_dir_all(dir);
+}
