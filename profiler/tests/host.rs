@@ -443,7 +443,7 @@ fn signals_at_random_moments_leave_nothing_behind() {
     for (i, delay) in delays(12, 1500).into_iter().enumerate() {
         let (sig, code) = [(libc::SIGINT, 130), (libc::SIGTERM, 143), (libc::SIGHUP, 129)][i % 3];
         let out = dir.join(format!("r{i}"));
-        let mut child = dmaprof()
+        let child = dmaprof()
             .args(["run", "-b", "128M", "-v", "none_*hugetlb_2mb", "-v", "none_anonymous", "-n", "3", "-o"])
             .arg(&out)
             .stdout(std::process::Stdio::null())
