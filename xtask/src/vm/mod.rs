@@ -60,6 +60,9 @@ pub struct VmArgs {
     /// Testing: extra guest kernel command line.
     #[arg(long, hide = true, default_value = "")]
     append: String,
+    /// Testing: run the VM test suite (the VM part of `cargo xtask test`) and nothing else.
+    #[arg(long, hide = true)]
+    self_test: bool,
     /// Arguments for dmaprof inside the guest.
     #[arg(last = true)]
     args: Vec<String>,
@@ -229,6 +232,9 @@ fn unpack_archive(archive: &[u8], dir: &Path) -> Result<()> {
 
 /// `cargo xtask vm`.
 pub fn run(args: VmArgs) -> Result<()> {
+    if args.self_test {
+        return test();
+    }
     let choice = kernel::Choice::parse(&args.kernel)?;
     if args.modules.is_some() && !matches!(choice, kernel::Choice::User { .. }) {
         bail!("--modules goes with --kernel <path to a bzImage>");
@@ -299,6 +305,7 @@ pub fn run_default(args: Vec<String>) -> Result<()> {
         timeout: 1800,
         guest_cmd: None,
         append: String::new(),
+        self_test: false,
         args: all,
     })
 }
