@@ -291,6 +291,26 @@ fn fresh_dir(path: &Path) -> Result<()> {
     fs::create_dir_all(path).with_context(|| format!("creating {}", path.display()))
 }
 
+/// The kernel image in an unpacked package: /boot/vmlinuz-<kver> (classic packaging) or
+/// /usr/lib/modules/<kver>/vmlinuz* (split packaging of 7.x).
+fn find_vmlinuz(root: &Path) -> Option<PathBuf> {
+    let mut dirs = vec![root.join("boot"), root.join("usr/boot")];
+    for m in [root.join("lib/modules"), root.join("usr/lib/modules")] {
+        if let Ok(entries) = fs::read_dir(m) {
+            dirs.extend(entries.filter_map(|e| e.ok().map(|e| e.path())));
+        }
+    }
+    dirs.iter()
+        .filter_map(|d| fs::read_dir(d).ok())
+        .flatten()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| {
+            p.is_file()
+                && p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("vmlinuz"))
+        })
+}
+
 fn debian(stock: &Stock, cache: &Path) -> Result<Kernel> {
     let prefix = format!("{}-", stock.name);
     let (apt, pkg) = match resolve(Apt::new(cache), stock.image_regex, stock.name, cache, &prefix, "")? {
@@ -331,16 +351,7 @@ fn debian(stock: &Stock, cache: &Path) -> Result<Kernel> {
     }
     let tmp = dir.with_extension("tmp");
     fresh_dir(&tmp)?;
-    let vmlinuz = ["boot", "usr/boot"]
-        .iter()
-        .filter_map(|b| fs::read_dir(unpacked.join(b)).ok())
-        .flatten()
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| {
-            p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("vmlinuz-"))
-        })
-        .with_context(|| format!("no /boot/vmlinuz-* in {:?}", debs))?;
+    let vmlinuz = find_vmlinuz(&unpacked).with_context(|| format!("no vmlinuz in {debs:?}"))?;
     fs::copy(&vmlinuz, tmp.join("vmlinuz"))?;
     extract_modules(&unpacked, &tmp)?;
     finish(&tmp, &dir)?;
