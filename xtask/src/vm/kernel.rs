@@ -421,7 +421,9 @@ fn custom(cache: &Path) -> Result<Kernel> {
     fs::create_dir_all(&out)?;
     let frag = build.join("custom.config");
     fs::write(&frag, FRAGMENT)?;
-    let jobs = std::thread::available_parallelism().map_or(2, |n| n.get()).to_string();
+    let jobs = std::thread::available_parallelism()
+        .map_or(2, |n| n.get() + 1)
+        .to_string();
     let logged = |args: &[&str]| -> Result<()> {
         let file = fs::OpenOptions::new().create(true).append(true).open(&log)?;
         let mut cmd = Command::new("make");

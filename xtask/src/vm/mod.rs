@@ -184,6 +184,21 @@ fn nanos() -> u128 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos())
 }
 
+/// QEMU's `-m` value in MiB (`2G`, `1536M`, `1536`).
+fn parse_mem_mib(mem: &str) -> Result<u64> {
+    let m = mem.trim();
+    let (num, mult) = match m.char_indices().last() {
+        Some((i, 'G' | 'g')) => (&m[..i], 1024),
+        Some((i, 'M' | 'm')) => (&m[..i], 1),
+        Some((i, 'T' | 't')) => (&m[..i], 1024 * 1024),
+        _ => (m, 1),
+    };
+    match num.parse::<u64>() {
+        Ok(n) if n > 0 => Ok(n * mult),
+        _ => bail!("--mem {mem}: expected a size such as 2G or 1536M"),
+    }
+}
+
 /// UTC `YYYYMMDD-HHMMSS` for output directory names.
 fn timestamp() -> String {
     let secs = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()) as i64;
@@ -238,6 +253,15 @@ pub fn run(args: VmArgs) -> Result<()> {
     let choice = kernel::Choice::parse(&args.kernel)?;
     if args.modules.is_some() && !matches!(choice, kernel::Choice::User { .. }) {
         bail!("--modules goes with --kernel <path to a bzImage>");
+    }
+    let mem_mib = parse_mem_mib(&args.mem)?;
+    if args.hugepages_1g > 0 && u64::from(args.hugepages_1g) * 1024 + 512 > mem_mib {
+        bail!(
+            "--hugepages-1g {} needs more guest memory than --mem {}: give at least {}G",
+            args.hugepages_1g,
+            args.mem,
+            args.hugepages_1g + 1
+        );
     }
     kernel::ensure_vm_packages()?;
     let dmaprof = match &args.guest_cmd {
@@ -313,4 +337,89 @@ pub fn run_default(args: Vec<String>) -> Result<()> {
 /// The VM part of `cargo xtask test`.
 pub fn test() -> Result<()> {
     tests::run()
+}
+
+#[cfg(test)]
+mod unit {
+    use super::*;
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn run_without_out_gets_guest_out_dir() {
+        let (args, dir) = guest_args(strings(&["run", "-b", "1G"]));
+        assert_eq!(args, strings(&["run", "-o", "/out", "-b", "1G"]));
+        assert_eq!(dir, "/out");
+    }
+
+    #[test]
+    fn explicit_out_is_kept_and_shipped() {
+        for given in [
+            &["run", "-o", "/r"][..],
+            &["run", "--out", "/r"],
+            &["run", "--out=/r"],
+            &["run", "-o/r"],
+        ] {
+            let (args, dir) = guest_args(strings(given));
+            assert_eq!(args, strings(given));
+            assert_eq!(dir, "/r");
+        }
+        let (args, dir) = guest_args(strings(&["doctor", "--json"]));
+        assert_eq!(args, strings(&["doctor", "--json"]));
+        assert_eq!(dir, "/out");
+    }
+
+    #[test]
+    fn mem_sizes() {
+        assert_eq!(parse_mem_mib("2G").unwrap(), 2048);
+        assert_eq!(parse_mem_mib("1536M").unwrap(), 1536);
+        assert_eq!(parse_mem_mib("512").unwrap(), 512);
+        assert!(parse_mem_mib("lots").is_err());
+    }
+
+    #[test]
+    fn timestamp_shape() {
+        let t = timestamp();
+        assert_eq!(t.len(), 15, "{t}");
+        assert_eq!(&t[8..9], "-");
+    }
+
+    #[test]
+    fn unknown_kernel_is_one_clear_error() {
+        let e = kernel::Choice::parse("debian-5.10").err().expect("unknown kernel");
+        let msg = format!("{e:#}");
+        assert!(
+            msg.contains("unknown --kernel `debian-5.10`") && !msg.contains('\n'),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn cpio_is_newc_and_aligned() {
+        let mut c = initramfs::Cpio::new(Vec::new());
+        c.dir("bin").unwrap();
+        c.file("bin/x", 0o755, b"hello").unwrap();
+        c.char_dev("dev/console", 5, 1).unwrap();
+        let out = c.finish().unwrap();
+        assert!(out.starts_with(b"070701"));
+        assert_eq!(out.len() % 512, 0);
+        let text = String::from_utf8_lossy(&out);
+        assert!(text.contains("bin/x\0") && text.contains("hello") && text.contains("TRAILER!!!\0"));
+        // The second header follows "bin\0" (110 + 4 bytes, padded to 116): ino 2, mode 0100755, size 5.
+        let h = &text[116..];
+        assert_eq!(&h[..6], "070701");
+        assert_eq!(&h[6..14], "00000002");
+        assert_eq!(&h[14..22], "000081ed");
+        assert_eq!(&h[54..62], "00000005");
+    }
+
+    #[test]
+    fn sh_quoting() {
+        assert_eq!(initramfs::sh_quote("-b"), "-b");
+        assert_eq!(initramfs::sh_quote("vfio_type1*"), "'vfio_type1*'");
+        assert_eq!(initramfs::sh_quote("it's"), r"'it'\''s'");
+        assert_eq!(initramfs::sh_quote(""), "''");
+    }
 }
