@@ -245,6 +245,11 @@ fn unpack_archive(archive: &[u8], dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Where `build::build_static` puts the static dmaprof.
+fn static_path() -> PathBuf {
+    crate::build::workspace_root().join("target/x86_64-unknown-linux-gnu/release/dmaprof")
+}
+
 /// `cargo xtask vm`.
 pub fn run(args: VmArgs) -> Result<()> {
     if args.self_test {
@@ -264,8 +269,9 @@ pub fn run(args: VmArgs) -> Result<()> {
         );
     }
     kernel::ensure_vm_packages()?;
+    // A test command line gets dmaprof too when a static build is at hand (it is not built for it).
     let dmaprof = match &args.guest_cmd {
-        Some(_) => None,
+        Some(_) => Some(static_path()).filter(|p| p.exists()),
         None => Some(build_static()?),
     };
     let cache = cache_dir()?;
