@@ -15,6 +15,14 @@ fn toolchain_works(name: &str) -> bool {
 
 fn main() -> anyhow::Result<()> {
     println!("cargo:rerun-if-env-changed=DMAPROF_BPF_TOOLCHAIN");
+    println!("cargo:rerun-if-env-changed=DMAPROF_NO_BPF");
+    if env::var_os("DMAPROF_NO_BPF").is_some() {
+        // For builds that never load BPF (the fuzz targets): an empty object, which fails to
+        // load with a clear error if anything tries.
+        let out = std::path::PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+        std::fs::write(out.join("profiler-ebpf"), b"")?;
+        return Ok(());
+    }
     let toolchain = match env::var("DMAPROF_BPF_TOOLCHAIN") {
         Ok(t) if !t.is_empty() => t,
         _ if toolchain_works("debian") => "debian".to_owned(),

@@ -194,7 +194,11 @@ pub fn row_entry(ctx: ProbeContext) -> u32 {
     if cfg.row >= MAX_ROWS {
         return 0;
     }
-    let amount = if cfg.amount_arg >= 0 { ctx.arg::<u64>(cfg.amount_arg as usize).unwrap_or(0) } else { 0 };
+    let amount = if cfg.amount_arg >= 0 {
+        ctx.arg::<u64>(cfg.amount_arg as usize).unwrap_or(0)
+    } else {
+        0
+    };
     let (Some(depth), Some(c)) = (CALL_DEPTH.get_ptr_mut(0), counters(phase)) else {
         return 0;
     };
@@ -208,7 +212,15 @@ pub fn row_entry(ctx: ProbeContext) -> u32 {
     }
     if let Some(frame) = CALL_STACK.get_ptr_mut(d) {
         // SAFETY: reading the clock has no preconditions; the frame pointer is a valid value.
-        unsafe { *frame = Frame { row: cfg.row, _pad: 0, start_ns: bpf_ktime_get_ns(), child_ns: 0, amount } };
+        unsafe {
+            *frame = Frame {
+                row: cfg.row,
+                _pad: 0,
+                start_ns: bpf_ktime_get_ns(),
+                child_ns: 0,
+                amount,
+            }
+        };
     }
     0
 }

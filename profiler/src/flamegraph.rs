@@ -10,7 +10,12 @@ fn frame_category(frame: &str) -> Category {
         return Category::User;
     }
     let name = frame.strip_prefix("cat:").unwrap_or(frame);
-    CATEGORIES.iter().copied().find(|c| c.name() == name).or_else(|| category_of(frame)).unwrap_or(Category::Other)
+    CATEGORIES
+        .iter()
+        .copied()
+        .find(|c| c.name() == name)
+        .or_else(|| category_of(frame))
+        .unwrap_or(Category::Other)
 }
 
 /// A palette that colours every frame of `folded` by its category.

@@ -158,7 +158,12 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
-        Command::Diff { before, after, out: dir, json } => match diff_command(&before, &after, dir, json) {
+        Command::Diff {
+            before,
+            after,
+            out: dir,
+            json,
+        } => match diff_command(&before, &after, dir, json) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("dmaprof: {e:#}");
@@ -201,7 +206,12 @@ fn timestamp() -> String {
 }
 
 /// `dmaprof diff`: the comparison on stdout, differential flamegraphs in `dir`.
-fn diff_command(before: &std::path::Path, after: &std::path::Path, dir: Option<PathBuf>, json: bool) -> anyhow::Result<()> {
+fn diff_command(
+    before: &std::path::Path,
+    after: &std::path::Path,
+    dir: Option<PathBuf>,
+    json: bool,
+) -> anyhow::Result<()> {
     let a = report::read(before)?;
     let b = report::read(after)?;
     let d = report::diff(&a, &b);
@@ -222,8 +232,14 @@ fn diff_command(before: &std::path::Path, after: &std::path::Path, dir: Option<P
         if let (Some(fa), Some(fb)) = (find(&a, &base_a), find(&b, &base_b)) {
             let case_dir = dir.join(&p.case);
             std::fs::create_dir_all(&case_dir).with_context(|| format!("creating {}", case_dir.display()))?;
-            profiler::flamegraph::write_differential(&fa, &fb, &case_dir, &p.phase, &format!("{} {}: before -> after", p.case, p.phase))
-                .with_context(|| format!("writing the differential flamegraph for {} {}", p.case, p.phase))?;
+            profiler::flamegraph::write_differential(
+                &fa,
+                &fb,
+                &case_dir,
+                &p.phase,
+                &format!("{} {}: before -> after", p.case, p.phase),
+            )
+            .with_context(|| format!("writing the differential flamegraph for {} {}", p.case, p.phase))?;
             written += 1;
         }
     }
@@ -237,7 +253,10 @@ fn diff_command(before: &std::path::Path, after: &std::path::Path, dir: Option<P
 }
 
 fn run_command(args: RunArgs) -> anyhow::Result<ExitCode> {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
     let signals = {
         let _ctx = rt.enter();
         StopSignals::register()
@@ -356,7 +375,11 @@ async fn supervise(
     signal: &AtomicI32,
     progress: &Progress,
 ) {
-    let StopSignals { int: mut sigint, term: mut sigterm, hup: mut sighup } = signals;
+    let StopSignals {
+        int: mut sigint,
+        term: mut sigterm,
+        hup: mut sighup,
+    } = signals;
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     let mut last_note = std::time::Instant::now();
     async fn recv(s: &mut Option<tokio::signal::unix::Signal>) {

@@ -36,15 +36,39 @@ pub struct ProbeRow {
 }
 
 const fn row(function: &'static str, category: Category, phase: &'static str) -> ProbeRow {
-    ProbeRow { function, category, phase, boundary: false, amount: None }
+    ProbeRow {
+        function,
+        category,
+        phase,
+        boundary: false,
+        amount: None,
+    }
 }
 
 const fn boundary(function: &'static str, phase: &'static str) -> ProbeRow {
-    ProbeRow { function, category: Category::Other, phase, boundary: true, amount: None }
+    ProbeRow {
+        function,
+        category: Category::Other,
+        phase,
+        boundary: true,
+        amount: None,
+    }
 }
 
-const fn counted(function: &'static str, category: Category, phase: &'static str, arg: u8, unit: &'static str) -> ProbeRow {
-    ProbeRow { function, category, phase, boundary: false, amount: Some((arg, unit)) }
+const fn counted(
+    function: &'static str,
+    category: Category,
+    phase: &'static str,
+    arg: u8,
+    unit: &'static str,
+) -> ProbeRow {
+    ProbeRow {
+        function,
+        category,
+        phase,
+        boundary: false,
+        amount: Some((arg, unit)),
+    }
 }
 
 /// The probe table: every function dmaprof times exactly. It drives attaching (a kprobe and a
@@ -248,9 +272,17 @@ fn attach_rows(ebpf: &mut Ebpf, symbols: Option<&KernelSymbols>) -> (Vec<usize>,
         if !symbols.usable() {
             return Err("/proc/kallsyms addresses are hidden (kptr_restrict): run as root".into());
         }
-        let entry: &mut KProbe = ebpf.program_mut(abi::programs::ROW_ENTRY).ok_or("row_entry missing")?.try_into().map_err(|e| format!("{e}"))?;
+        let entry: &mut KProbe = ebpf
+            .program_mut(abi::programs::ROW_ENTRY)
+            .ok_or("row_entry missing")?
+            .try_into()
+            .map_err(|e| format!("{e}"))?;
         entry.load().map_err(|e| format!("load row_entry: {e}"))?;
-        let exit: &mut KProbe = ebpf.program_mut(abi::programs::ROW_EXIT).ok_or("row_exit missing")?.try_into().map_err(|e| format!("{e}"))?;
+        let exit: &mut KProbe = ebpf
+            .program_mut(abi::programs::ROW_EXIT)
+            .ok_or("row_exit missing")?
+            .try_into()
+            .map_err(|e| format!("{e}"))?;
         exit.load().map_err(|e| format!("load row_exit: {e}"))?;
         Ok(())
     })();
@@ -271,10 +303,16 @@ fn attach_rows(ebpf: &mut Ebpf, symbols: Option<&KernelSymbols>) -> (Vec<usize>,
         let found = symbols.lookup(row.function);
         // Only an unambiguous symbol can be probed by name.
         let Some(&(symbol, addrs)) = found.first() else {
-            status.push(not(row, "not in /proc/kallsyms: inlined, renamed, or its module is not loaded".into()));
+            status.push(not(
+                row,
+                "not in /proc/kallsyms: inlined, renamed, or its module is not loaded".into(),
+            ));
             continue;
         };
-        let cfg = RowConfig { row: i as u32, amount_arg: row.amount.map_or(-1, |(a, _)| i32::from(a)) };
+        let cfg = RowConfig {
+            row: i as u32,
+            amount_arg: row.amount.map_or(-1, |(a, _)| i32::from(a)),
+        };
         if let Err(e) = addrs.iter().try_for_each(|a| row_by_ip.insert(*a, cfg, 0)) {
             status.push(not(row, format!("ROW_BY_IP insert: {e}")));
             continue;
@@ -285,11 +323,25 @@ fn attach_rows(ebpf: &mut Ebpf, symbols: Option<&KernelSymbols>) -> (Vec<usize>,
     for (i, symbol) in configs {
         let row = &PROBE_TABLE[i];
         let result = (|| -> Result<(), String> {
-            let entry: &mut KProbe = ebpf.program_mut(abi::programs::ROW_ENTRY).ok_or("row_entry missing")?.try_into().map_err(|e| format!("{e}"))?;
-            let link = entry.attach(&symbol, 0).map_err(|e| format!("kprobe on {symbol}: {e}"))?;
-            let exit: &mut KProbe = ebpf.program_mut(abi::programs::ROW_EXIT).ok_or("row_exit missing")?.try_into().map_err(|e| format!("{e}"))?;
+            let entry: &mut KProbe = ebpf
+                .program_mut(abi::programs::ROW_ENTRY)
+                .ok_or("row_entry missing")?
+                .try_into()
+                .map_err(|e| format!("{e}"))?;
+            let link = entry
+                .attach(&symbol, 0)
+                .map_err(|e| format!("kprobe on {symbol}: {e}"))?;
+            let exit: &mut KProbe = ebpf
+                .program_mut(abi::programs::ROW_EXIT)
+                .ok_or("row_exit missing")?
+                .try_into()
+                .map_err(|e| format!("{e}"))?;
             if let Err(e) = exit.attach(&symbol, 0) {
-                let entry: &mut KProbe = ebpf.program_mut(abi::programs::ROW_ENTRY).ok_or("row_entry missing")?.try_into().map_err(|e| format!("{e}"))?;
+                let entry: &mut KProbe = ebpf
+                    .program_mut(abi::programs::ROW_ENTRY)
+                    .ok_or("row_entry missing")?
+                    .try_into()
+                    .map_err(|e| format!("{e}"))?;
                 let _ = entry.detach(link);
                 return Err(format!("kretprobe: {e}"));
             }
@@ -298,7 +350,12 @@ fn attach_rows(ebpf: &mut Ebpf, symbols: Option<&KernelSymbols>) -> (Vec<usize>,
         match result {
             Ok(()) => {
                 attached.push(i);
-                status.push(ProbeStatus { function: row.function.to_owned(), mechanism: "kprobe", attached: true, error: None });
+                status.push(ProbeStatus {
+                    function: row.function.to_owned(),
+                    mechanism: "kprobe",
+                    attached: true,
+                    error: None,
+                });
             }
             Err(e) => status.push(not(row, e)),
         }
@@ -352,7 +409,16 @@ impl Probes {
         let samples = HashMap::try_from(take(&mut ebpf, abi::maps::SAMPLES)?).map_err(map_err("SAMPLES"))?;
         let stacks = StackTraceMap::try_from(take(&mut ebpf, abi::maps::STACKS)?).map_err(map_err("STACKS"))?;
         let row_stats = Array::try_from(take(&mut ebpf, abi::maps::ROW_STATS)?).map_err(map_err("ROW_STATS"))?;
-        Ok(Self { _ebpf: ebpf, control, counters, samples, stacks, row_stats, attached_rows, status })
+        Ok(Self {
+            _ebpf: ebpf,
+            control,
+            counters,
+            samples,
+            stacks,
+            row_stats,
+            attached_rows,
+            status,
+        })
     }
 
     /// Starts recording into phase slot `slot` (0 stops recording).
@@ -391,7 +457,9 @@ impl Probes {
                 let st = self.row_stats.get(&idx, 0).map_err(map_err("ROW_STATS read"))?;
                 if st != RowStats::default() {
                     out.rows.push((slot, row, st));
-                    self.row_stats.set(idx, RowStats::default(), 0).map_err(map_err("ROW_STATS reset"))?;
+                    self.row_stats
+                        .set(idx, RowStats::default(), 0)
+                        .map_err(map_err("ROW_STATS reset"))?;
                 }
             }
         }

@@ -516,9 +516,13 @@ pub struct RunDiff {
 pub fn diff(before: &Report, after: &Report) -> RunDiff {
     let mut phases = Vec::new();
     for ca in &before.cases {
-        let Some(cb) = after.cases.iter().find(|c| c.name == ca.name) else { continue };
+        let Some(cb) = after.cases.iter().find(|c| c.name == ca.name) else {
+            continue;
+        };
         for pa in &ca.phases {
-            let Some(pb) = cb.phases.iter().find(|p| p.name == pa.name) else { continue };
+            let Some(pb) = cb.phases.iter().find(|p| p.name == pa.name) else {
+                continue;
+            };
             let (b, a) = (pa.wall_ns.median, pb.wall_ns.median);
             let delta = a as i64 - b as i64;
             let keys: std::collections::BTreeSet<&String> =

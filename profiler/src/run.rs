@@ -21,7 +21,9 @@ use crate::{
     hugepages::Reservation,
     matrix::{self, Case, IommuMode, Prefault},
     probes::{Drained, PROBE_TABLE, ProbeError, Probes, gettid},
-    report::{self, CaseReport, Config, Counters, Exact, ExactRow, Failed, PhaseReport, Report, Sampled, Skipped, Stats},
+    report::{
+        self, CaseReport, Config, Counters, Exact, ExactRow, Failed, PhaseReport, Report, Sampled, Skipped, Stats,
+    },
     symbols::KernelSymbols,
     workload::{self, PHASES, Phase, PhaseObserver, PhaseRun, WorkloadError},
 };
@@ -285,7 +287,11 @@ fn run_case(
         None => None,
     };
     let traced = if probes.is_some() { "traced" } else { "untraced" };
-    eprintln!("dmaprof: {} {traced} ({iterations} x {})", case.name(), crate::size::HumanSize(opts.size));
+    eprintln!(
+        "dmaprof: {} {traced} ({iterations} x {})",
+        case.name(),
+        crate::size::HumanSize(opts.size)
+    );
     let mut dma = match (case.mode, device) {
         (IommuMode::None, _) => None,
         (mode, Some(dev)) => Some(
@@ -296,13 +302,28 @@ fn run_case(
     };
     // Warm up untraced and discard: first touches of fresh (or freshly reserved) memory are
     // many times slower and would make every first iteration an outlier.
-    let mut warm = SlotObserver { probes: None, iteration: 0, progress, case: case.name(), error: None };
+    let mut warm = SlotObserver {
+        probes: None,
+        iteration: 0,
+        progress,
+        case: case.name(),
+        error: None,
+    };
     if let Err(e) = workload::run_iteration(case, opts.size, dma.as_mut(), &mut warm, cancel) {
-        return Ok(CaseRuns { runs: Vec::new(), failure: Some(e) });
+        return Ok(CaseRuns {
+            runs: Vec::new(),
+            failure: Some(e),
+        });
     }
     let mut runs = Vec::new();
     for iteration in 0..iterations {
-        let mut obs = SlotObserver { probes: probes.as_deref_mut(), iteration, progress, case: case.name(), error: None };
+        let mut obs = SlotObserver {
+            probes: probes.as_deref_mut(),
+            iteration,
+            progress,
+            case: case.name(),
+            error: None,
+        };
         let r = workload::run_iteration(case, opts.size, dma.as_mut(), &mut obs, cancel);
         if let Some(e) = obs.error.take() {
             return Err(CaseError::Probes(e));
@@ -359,8 +380,15 @@ pub fn execute(
             }
         }
     }
-    let mut probes = if opts.no_trace { None } else { Some(Probes::attach(gettid(), opts.freq_hz, symbols.as_ref())?) };
-    report.probes = probes.as_ref().map(|p| p.status.iter().map(Into::into).collect()).unwrap_or_default();
+    let mut probes = if opts.no_trace {
+        None
+    } else {
+        Some(Probes::attach(gettid(), opts.freq_hz, symbols.as_ref())?)
+    };
+    report.probes = probes
+        .as_ref()
+        .map(|p| p.status.iter().map(Into::into).collect())
+        .unwrap_or_default();
     for case in plan.run {
         if cancel.load(Ordering::Relaxed) {
             report.partial = true;
@@ -371,12 +399,18 @@ pub fn execute(
             Ok(r) => r,
             Err(CaseError::Skip(reason)) => {
                 eprintln!("dmaprof: skipping {}: {reason}", case.name());
-                report.skipped.push(Skipped { name: case.name(), reason });
+                report.skipped.push(Skipped {
+                    name: case.name(),
+                    reason,
+                });
                 continue;
             }
             Err(CaseError::Fail(error)) => {
                 eprintln!("dmaprof: {} failed: {error}", case.name());
-                report.failed.push(Failed { name: case.name(), error });
+                report.failed.push(Failed {
+                    name: case.name(),
+                    error,
+                });
                 continue;
             }
             Err(CaseError::Probes(e)) => return Err(e.into()),
@@ -387,7 +421,9 @@ pub fn execute(
         };
         let reference = untraced.get(&case.name()).map(Vec::as_slice);
         if !runs.is_empty() {
-            report.cases.push(case_report(opts, &case, &runs, reference, drained, symbols.as_ref())?);
+            report
+                .cases
+                .push(case_report(opts, &case, &runs, reference, drained, symbols.as_ref())?);
         }
         match failure {
             Some(WorkloadError::Interrupted) => {
@@ -396,7 +432,10 @@ pub fn execute(
             }
             Some(e) => {
                 eprintln!("dmaprof: {} failed: {e}", case.name());
-                report.failed.push(Failed { name: case.name(), error: e.to_string() });
+                report.failed.push(Failed {
+                    name: case.name(),
+                    error: e.to_string(),
+                });
             }
             None => {}
         }
@@ -425,14 +464,26 @@ fn summary_folded(phases: &[PhaseReport]) -> Folded {
     for p in phases {
         let mut covered = 0;
         for r in &p.exact.rows {
-            f.add([p.name.as_str(), &format!("cat:{}", r.category), &r.function], r.exclusive_ns);
+            f.add(
+                [p.name.as_str(), &format!("cat:{}", r.category), &r.function],
+                r.exclusive_ns,
+            );
             if r.category == "other" {
                 covered += r.exclusive_ns;
             }
         }
-        let rest = p.exact.categories.get("other").copied().unwrap_or(0).saturating_sub(covered);
+        let rest = p
+            .exact
+            .categories
+            .get("other")
+            .copied()
+            .unwrap_or(0)
+            .saturating_sub(covered);
         f.add([p.name.as_str(), "cat:other", "[syscall, unprobed]"], rest);
-        f.add([p.name.as_str(), "[unattributed]"], p.exact.unattributed_ns.max(0) as u64);
+        f.add(
+            [p.name.as_str(), "[unattributed]"],
+            p.exact.unattributed_ns.max(0) as u64,
+        );
     }
     f.stacks.retain(|_, n| *n > 0);
     f
@@ -447,12 +498,17 @@ fn exact_breakdown(
 ) -> Exact {
     let mut order: Vec<usize> = (0..per_iter.len()).collect();
     order.sort_by_key(|&i| per_iter[i].wall_ns);
-    let Some(&it) = order.get(order.len().saturating_sub(1) / 2) else { return Exact::default() };
+    let Some(&it) = order.get(order.len().saturating_sub(1) / 2) else {
+        return Exact::default();
+    };
     let wall_ns = per_iter[it].wall_ns;
     let c = iter_counters.get(it).copied().unwrap_or_default();
     let s = slot(it as u32, phase);
-    let mut categories: BTreeMap<String, u64> =
-        CATEGORIES.iter().filter(|c| **c != Category::User).map(|c| (c.name().to_owned(), 0)).collect();
+    let mut categories: BTreeMap<String, u64> = CATEGORIES
+        .iter()
+        .filter(|c| **c != Category::User)
+        .map(|c| (c.name().to_owned(), 0))
+        .collect();
     let mut out_rows = Vec::new();
     let mut attributed = 0u64;
     for (_, row, st) in rows.iter().filter(|(sl, _, _)| *sl == s) {
@@ -553,7 +609,9 @@ fn case_report(
             0.0
         };
         let exact = exact_breakdown(phase, &per_iter, &iter_counters, &drained.rows);
-        let untraced_ns = untraced.and_then(|u| u.iter().find(|p| p.phase == phase)).map(|p| p.wall_ns);
+        let untraced_ns = untraced
+            .and_then(|u| u.iter().find(|p| p.phase == phase))
+            .map(|p| p.wall_ns);
         let overhead = untraced_ns.filter(|u| *u > 0).map(|u| wall.median as f64 / u as f64);
         phases.push(PhaseReport {
             name: stem.into(),
@@ -581,8 +639,16 @@ fn case_report(
     }
     let summary = summary_folded(&phases);
     summary
-        .write_counted(&case_dir, "summary", &format!("{name}: exact time, phase -> category -> function"), "ns")
-        .map_err(|source| RunError::Output { path: case_dir.join("summary.svg").display().to_string(), source })?;
+        .write_counted(
+            &case_dir,
+            "summary",
+            &format!("{name}: exact time, phase -> category -> function"),
+            "ns",
+        )
+        .map_err(|source| RunError::Output {
+            path: case_dir.join("summary.svg").display().to_string(),
+            source,
+        })?;
     Ok(CaseReport {
         summary_flamegraph: Some(format!("{name}/summary.svg")),
         name,

@@ -382,7 +382,15 @@ fn report_rerenders_and_diff_compares() {
     ok(&t);
     assert!(String::from_utf8_lossy(&t.stdout).contains("none_anonymous.populate"));
     // A run against itself: no change anywhere.
-    let same = dmaprof().arg("diff").arg(&a).arg(&a).arg("--json").arg("-o").arg(dir_a.join("d0")).output().unwrap();
+    let same = dmaprof()
+        .arg("diff")
+        .arg(&a)
+        .arg(&a)
+        .arg("--json")
+        .arg("-o")
+        .arg(dir_a.join("d0"))
+        .output()
+        .unwrap();
     ok(&same);
     let d: Value = serde_json::from_slice(&same.stdout).unwrap();
     for p in d["phases"].as_array().unwrap() {
@@ -390,11 +398,27 @@ fn report_rerenders_and_diff_compares() {
         assert!(p["exact"].as_object().unwrap().values().all(|v| v[2] == 0));
     }
     // 8x the size: MAP_POPULATE takes longer, and the differential flamegraph exists.
-    let grow = dmaprof().arg("diff").arg(&a).arg(&b).arg("--json").arg("-o").arg(dir_a.join("d1")).output().unwrap();
+    let grow = dmaprof()
+        .arg("diff")
+        .arg(&a)
+        .arg(&b)
+        .arg("--json")
+        .arg("-o")
+        .arg(dir_a.join("d1"))
+        .output()
+        .unwrap();
     ok(&grow);
     let d: Value = serde_json::from_slice(&grow.stdout).unwrap();
-    let mmap = d["phases"].as_array().unwrap().iter().find(|p| p["phase"] == "mmap").unwrap();
-    assert!(mmap["delta_ns"].as_i64().unwrap() > 0, "bigger populate should be slower: {mmap}");
+    let mmap = d["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["phase"] == "mmap")
+        .unwrap();
+    assert!(
+        mmap["delta_ns"].as_i64().unwrap() > 0,
+        "bigger populate should be slower: {mmap}"
+    );
     let svg = fs::read_to_string(dir_a.join("d1/none_anonymous.populate/mmap.svg")).unwrap();
     assert!(svg.contains("<svg"));
     // Bad reports: one clear line, exit 2.
@@ -402,8 +426,15 @@ fn report_rerenders_and_diff_compares() {
     fs::write(&trunc, &fs::read_to_string(&a).unwrap()[..100]).unwrap();
     let other = dir_a.join("other.json");
     fs::write(&other, r#"{"schema":"perf.script.v0"}"#).unwrap();
-    for (bad, needle) in [(&trunc, "invalid JSON"), (&other, "perf.script.v0"), (&dir_a.join("missing.json"), "cannot read")] {
-        for args in [vec!["report".into(), bad.clone()], vec!["diff".into(), bad.clone(), a.clone()]] {
+    for (bad, needle) in [
+        (&trunc, "invalid JSON"),
+        (&other, "perf.script.v0"),
+        (&dir_a.join("missing.json"), "cannot read"),
+    ] {
+        for args in [
+            vec!["report".into(), bad.clone()],
+            vec!["diff".into(), bad.clone(), a.clone()],
+        ] {
             let o = dmaprof().args(&args).output().unwrap();
             let err = String::from_utf8_lossy(&o.stderr);
             assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
@@ -417,7 +448,11 @@ fn report_rerenders_and_diff_compares() {
 
 /// A deterministic-but-varied sequence of delays (no rand crate needed for 10 numbers).
 fn delays(n: usize, max_ms: u64) -> Vec<u64> {
-    let mut x = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
+    let mut x = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+        | 1;
     (0..n)
         .map(|_| {
             x ^= x << 13;
@@ -444,7 +479,18 @@ fn signals_at_random_moments_leave_nothing_behind() {
         let (sig, code) = [(libc::SIGINT, 130), (libc::SIGTERM, 143), (libc::SIGHUP, 129)][i % 3];
         let out = dir.join(format!("r{i}"));
         let child = dmaprof()
-            .args(["run", "-b", "128M", "-v", "none_*hugetlb_2mb", "-v", "none_anonymous", "-n", "3", "-o"])
+            .args([
+                "run",
+                "-b",
+                "128M",
+                "-v",
+                "none_*hugetlb_2mb",
+                "-v",
+                "none_anonymous",
+                "-n",
+                "3",
+                "-o",
+            ])
             .arg(&out)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
@@ -468,7 +514,11 @@ fn signals_at_random_moments_leave_nothing_behind() {
             }
             other => panic!("signal {sig} after {delay} ms: exit {other:?}: {err}"),
         }
-        assert_eq!(nr_hugepages(2048), Some(before), "signal {sig} after {delay} ms left hugepages raised");
+        assert_eq!(
+            nr_hugepages(2048),
+            Some(before),
+            "signal {sig} after {delay} ms left hugepages raised"
+        );
     }
     assert!(interrupted > 0, "no run was interrupted; the delays were all too long");
     fs::remove_dir_all(dir).unwrap();
@@ -489,7 +539,11 @@ fn second_instance_refuses_and_unprivileged_run_says_why() {
         .spawn()
         .unwrap();
     std::thread::sleep(std::time::Duration::from_millis(300));
-    let second = dmaprof().args(["run", "-b", "64M", "-v", "none_anonymous.none", "-o"]).arg(dir.join("b")).output().unwrap();
+    let second = dmaprof()
+        .args(["run", "-b", "64M", "-v", "none_anonymous.none", "-o"])
+        .arg(dir.join("b"))
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&second.stderr);
     first.kill().unwrap();
     first.wait().unwrap();
@@ -498,9 +552,23 @@ fn second_instance_refuses_and_unprivileged_run_says_why() {
     // Without privileges: one line naming the capabilities, exit 2.
     if Path::new("/usr/bin/setpriv").exists() {
         let out = Command::new("/usr/bin/setpriv")
-            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all"])
+            .args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "--inh-caps=-all",
+                "--bounding-set=-all",
+            ])
             .arg(env!("CARGO_BIN_EXE_dmaprof"))
-            .args(["run", "-b", "64M", "-v", "none_anonymous.none", "-o", "/tmp/dmaprof-unpriv-never"])
+            .args([
+                "run",
+                "-b",
+                "64M",
+                "-v",
+                "none_anonymous.none",
+                "-o",
+                "/tmp/dmaprof-unpriv-never",
+            ])
             .output()
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);

@@ -3,6 +3,7 @@
 //! xtask stays a thin orchestrator: it installs what the build needs (idempotently, saying what it
 //! installs), builds, and runs dmaprof or its tests. Each subcommand lives in its own module.
 mod build;
+mod fuzz;
 mod setup;
 mod test;
 mod vm;

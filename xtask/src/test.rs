@@ -15,6 +15,9 @@ pub struct TestArgs {
     /// Skip the VM part of the suite (host tests only).
     #[arg(long)]
     no_vm: bool,
+    /// Skip the fuzz targets.
+    #[arg(long)]
+    no_fuzz: bool,
 }
 
 /// Runs lint, unit, host integration and VM tests.
@@ -44,6 +47,11 @@ pub fn run(args: TestArgs) -> Result<()> {
             .args(["test", "--release", "--package", "profiler", "--package", "xtask"])
             .env("DMAPROF_BIN", root.join("target/release/dmaprof")),
     )?;
+    if args.no_fuzz {
+        eprintln!("xtask: SKIP: fuzz targets (--no-fuzz given)");
+    } else {
+        crate::fuzz::run()?;
+    }
     if args.no_vm {
         eprintln!("xtask: SKIP: VM tests (--no-vm given)");
         return Ok(());

@@ -1,0 +1,12 @@
+//! The report reader never panics on any input, and what it accepts renders and diffs.
+#![no_main]
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok(text) = std::str::from_utf8(data)
+        && let Ok(report) = profiler::report::parse(text)
+    {
+        let _ = profiler::report::render_table(&report);
+        let _ = profiler::report::render_diff(&profiler::report::diff(&report, &report));
+    }
+});
