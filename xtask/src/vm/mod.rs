@@ -175,9 +175,35 @@ fn execute(plan: Plan) -> std::result::Result<qemu::Outcome, qemu::BootError> {
         echo: plan.echo,
         data_file: work.join("ttyS1.out"),
     };
+    let _lock = vm_lock(&cache).map_err(setup_err)?;
     let result = qemu::boot_with_retry(&boot);
     fs::remove_dir_all(&work).ok();
     result
+}
+
+/// One VM at a time on this machine (2 cores): an exclusive flock on `<cache>/vm.lock`, waited for
+/// if another xtask (a developer's or CI's) holds it. Released when the returned file is dropped.
+fn vm_lock(cache: &Path) -> Result<fs::File> {
+    use std::os::fd::AsRawFd as _;
+    let path = cache.join("vm.lock");
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    // SAFETY: flock on a descriptor this function owns.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        eprintln!(
+            "xtask: another VM is running on this machine; waiting for it ({})",
+            path.display()
+        );
+        // SAFETY: as above.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            bail!("locking {}: {}", path.display(), std::io::Error::last_os_error());
+        }
+    }
+    Ok(file)
 }
 
 fn nanos() -> u128 {
