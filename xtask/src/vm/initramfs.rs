@@ -101,6 +101,8 @@ pub struct Guest<'a> {
     pub out_dir: String,
     /// 2 MiB hugepages to reserve at run time.
     pub hugepages_2m: u32,
+    /// 1 GiB hugepages asked for on the kernel command line (reported by /init).
+    pub hugepages_1g: u32,
 }
 
 /// Quotes `s` for the guest's sh.
@@ -149,6 +151,9 @@ if [ -n "$BDF" ]; then
 else
   echo "dmaprof-vm: no edu device (1234:11e8) found"
 fi
+if [ {hp1g} -gt 0 ]; then
+  echo "dmaprof-vm: 1 GiB hugepages: $(cat /sys/kernel/mm/hugepages/hugepages-1048576kB/nr_hugepages 2>/dev/null || echo 0) of {hp1g}"
+fi
 if [ {hp} -gt 0 ]; then
   echo {hp} > /sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages
   echo "dmaprof-vm: 2 MiB hugepages: $(cat /sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages) of {hp}"
@@ -169,6 +174,7 @@ echo "{exit}$RC"
 poweroff -f
 "#,
         hp = g.hugepages_2m,
+        hp1g = g.hugepages_1g,
         payload = g.payload,
         begin = XFER_BEGIN,
         end = XFER_END,

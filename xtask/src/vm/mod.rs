@@ -36,9 +36,10 @@ pub struct VmArgs {
     /// With a bzImage: modules to load (an INSTALL_MOD_PATH root or a lib/modules/<kver> dir).
     #[arg(long)]
     modules: Option<PathBuf>,
-    /// Guest memory (QEMU -m).
-    #[arg(long, default_value = "2G")]
-    mem: String,
+    /// Guest memory (QEMU -m). Default 2G, or N+3 G with --hugepages-1g N (1 GiB pages come
+    /// only from the RAM q35 puts above 4 GiB, less the top gigabyte the kernel takes).
+    #[arg(long)]
+    mem: Option<String>,
     /// Guest CPUs.
     #[arg(long, default_value_t = 2)]
     smp: u32,
@@ -162,6 +163,7 @@ fn execute(plan: Plan) -> std::result::Result<qemu::Outcome, qemu::BootError> {
         payload,
         out_dir,
         hugepages_2m: plan.hugepages_2m,
+        hugepages_1g: plan.hugepages_1g,
     };
     initramfs::write(&initrd, &guest).map_err(setup_err)?;
     let boot = qemu::Boot {
@@ -208,6 +210,17 @@ fn vm_lock(cache: &Path) -> Result<fs::File> {
 
 fn nanos() -> u128 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos())
+}
+
+/// Guest memory when --mem is not given: q35 keeps 2 GiB below 4 GiB and 1 GiB pages fit only
+/// above it, where the kernel also takes the top gigabyte for itself (measured: N pages need
+/// N+3 GiB).
+fn default_mem(hugepages_1g: u32) -> String {
+    if hugepages_1g == 0 {
+        "2G".to_owned()
+    } else {
+        format!("{}G", hugepages_1g + 3)
+    }
 }
 
 /// QEMU's `-m` value in MiB (`2G`, `1536M`, `1536`).
@@ -285,13 +298,13 @@ pub fn run(args: VmArgs) -> Result<()> {
     if args.modules.is_some() && !matches!(choice, kernel::Choice::User { .. }) {
         bail!("--modules goes with --kernel <path to a bzImage>");
     }
-    let mem_mib = parse_mem_mib(&args.mem)?;
-    if args.hugepages_1g > 0 && u64::from(args.hugepages_1g) * 1024 + 512 > mem_mib {
-        bail!(
-            "--hugepages-1g {} needs more guest memory than --mem {}: give at least {}G",
+    let mem = args.mem.clone().unwrap_or_else(|| default_mem(args.hugepages_1g));
+    let mem_mib = parse_mem_mib(&mem)?;
+    if args.hugepages_1g > 0 && mem_mib < parse_mem_mib(&default_mem(args.hugepages_1g))? {
+        eprintln!(
+            "xtask: warning: --mem {mem} leaves room for fewer than {} 1 GiB pages (needs about {})",
             args.hugepages_1g,
-            args.mem,
-            args.hugepages_1g + 1
+            default_mem(args.hugepages_1g)
         );
     }
     kernel::ensure_vm_packages()?;
@@ -308,13 +321,13 @@ pub fn run(args: VmArgs) -> Result<()> {
     };
     eprintln!(
         "xtask: booting {} ({} RAM, {} CPUs, TCG; timeout {}s)",
-        kernel.label, args.mem, args.smp, args.timeout
+        kernel.label, mem, args.smp, args.timeout
     );
     let outcome = execute(Plan {
         kernel: &kernel,
         dmaprof: dmaprof.as_deref(),
         payload,
-        mem: &args.mem,
+        mem: &mem,
         smp: args.smp,
         hugepages_1g: args.hugepages_1g,
         hugepages_2m: args.hugepages_2m,
@@ -322,6 +335,23 @@ pub fn run(args: VmArgs) -> Result<()> {
         timeout: Duration::from_secs(args.timeout),
         echo: true,
     })?;
+    if args.hugepages_1g > 0 {
+        let got = outcome.console.iter().find_map(|l| {
+            l.split("dmaprof-vm: 1 GiB hugepages: ")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse::<u32>()
+                .ok()
+        });
+        if got.is_some_and(|g| g < args.hugepages_1g) {
+            eprintln!(
+                "xtask: warning: the guest kernel reserved {} of {} 1 GiB pages (give more --mem)",
+                got.unwrap_or(0),
+                args.hugepages_1g
+            );
+        }
+    }
     if let Some(archive) = &outcome.archive {
         let out = args
             .out
@@ -353,7 +383,7 @@ pub fn run_default(args: Vec<String>) -> Result<()> {
     run(VmArgs {
         kernel: "custom".to_owned(),
         modules: None,
-        mem: "2G".to_owned(),
+        mem: None,
         smp: 2,
         hugepages_1g: 0,
         hugepages_2m: 0,
@@ -409,6 +439,8 @@ mod unit {
         assert_eq!(parse_mem_mib("1536M").unwrap(), 1536);
         assert_eq!(parse_mem_mib("512").unwrap(), 512);
         assert!(parse_mem_mib("lots").is_err());
+        assert_eq!(default_mem(0), "2G");
+        assert_eq!(default_mem(2), "5G");
     }
 
     #[test]
