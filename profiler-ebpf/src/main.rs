@@ -179,6 +179,35 @@ static CALL_STACK: Array<Frame> = Array::with_max_entries(MAX_CALL_DEPTH, 0);
 #[map]
 static CALL_DEPTH: Array<u32> = Array::with_max_entries(1, 0);
 
+/// Argument `n` (0-5) of a kprobe, or 0. The index comes from a map, and verifiers before
+/// 7.x refuse a variable offset into the context: every argument is read at its constant
+/// offset and the value is picked afterwards.
+#[inline(always)]
+fn read_arg(ctx: &ProbeContext, n: i32) -> u64 {
+    let r = ctx.regs;
+    // SAFETY: regs is the kprobe context; each read is one constant-offset context load, and
+    // volatile keeps the compiler from turning the six into one computed-offset load.
+    let a: [u64; 6] = unsafe {
+        [
+            core::ptr::read_volatile(&(*r).rdi),
+            core::ptr::read_volatile(&(*r).rsi),
+            core::ptr::read_volatile(&(*r).rdx),
+            core::ptr::read_volatile(&(*r).rcx),
+            core::ptr::read_volatile(&(*r).r8),
+            core::ptr::read_volatile(&(*r).r9),
+        ]
+    };
+    match n {
+        0 => a[0],
+        1 => a[1],
+        2 => a[2],
+        3 => a[3],
+        4 => a[4],
+        5 => a[5],
+        _ => 0,
+    }
+}
+
 /// Entry of any probed function: push a frame for its row.
 #[kprobe]
 pub fn row_entry(ctx: ProbeContext) -> u32 {
@@ -194,11 +223,7 @@ pub fn row_entry(ctx: ProbeContext) -> u32 {
     if cfg.row >= MAX_ROWS {
         return 0;
     }
-    let amount = if cfg.amount_arg >= 0 {
-        ctx.arg::<u64>(cfg.amount_arg as usize).unwrap_or(0)
-    } else {
-        0
-    };
+    let amount = read_arg(&ctx, cfg.amount_arg);
     let (Some(depth), Some(c)) = (CALL_DEPTH.get_ptr_mut(0), counters(phase)) else {
         return 0;
     };

@@ -26,6 +26,7 @@ const VFIO_CHECK_EXTENSION: libc::c_ulong = io(VFIO_BASE + 1);
 const VFIO_SET_IOMMU: libc::c_ulong = io(VFIO_BASE + 2);
 const VFIO_GROUP_GET_STATUS: libc::c_ulong = io(VFIO_BASE + 3);
 const VFIO_GROUP_SET_CONTAINER: libc::c_ulong = io(VFIO_BASE + 4);
+const VFIO_GROUP_GET_DEVICE_FD: libc::c_ulong = io(VFIO_BASE + 6);
 const VFIO_IOMMU_GET_INFO: libc::c_ulong = io(VFIO_BASE + 12);
 /// `VFIO_IOMMU_MAP_DMA` (0x3b71).
 pub const VFIO_IOMMU_MAP_DMA: libc::c_ulong = io(VFIO_BASE + 13);
@@ -117,8 +118,12 @@ pub fn choose_iova(ranges: &[IovaRange], size: u64, align: u64) -> Option<u64> {
 }
 
 enum Backend {
-    /// A VFIO container (type1 or iommufd compat) with the group attached.
-    Container { container: File, _group: File },
+    /// A VFIO container (type1 or iommufd compat) with the group attached and the device open.
+    Container {
+        container: File,
+        _group: File,
+        _device: File,
+    },
     /// Native iommufd: the IOAS the device is attached to.
     Iommufd { iommufd: File, _device: File, ioas: u32 },
 }
@@ -312,11 +317,22 @@ fn open_container(mode: IommuMode, device: &Device) -> Result<(Backend, Vec<Iova
         "VFIO_GROUP_SET_CONTAINER",
     )?;
     ioctl_val(cfd, VFIO_SET_IOMMU, iommu_type.into(), "VFIO_SET_IOMMU")?;
+    // Open the device as the selftests do: with /dev/iommu as the container, that is what
+    // attaches it to the IOAS; without a domain iommufd pins and maps nothing at MAP_DMA.
+    let name = std::ffi::CString::new(device.bdf.as_str()).expect("a BDF has no NUL");
+    // SAFETY: VFIO_GROUP_GET_DEVICE_FD reads a NUL-terminated device name and returns a new fd.
+    let dfd = unsafe { libc::ioctl(group.as_raw_fd(), VFIO_GROUP_GET_DEVICE_FD, name.as_ptr()) };
+    if dfd < 0 {
+        return Err(err(format!("VFIO_GROUP_GET_DEVICE_FD {}", device.bdf)));
+    }
+    // SAFETY: dfd is a fresh fd the kernel just gave us; File takes sole ownership.
+    let dev = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(dfd) };
     let ranges = type1_iova_ranges(cfd)?;
     Ok((
         Backend::Container {
             container,
             _group: group,
+            _device: dev,
         },
         ranges,
     ))

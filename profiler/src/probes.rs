@@ -112,6 +112,9 @@ pub const PROBE_TABLE: &[ProbeRow] = &[
     counted("iommu_unmap", Category::IommuMap, "unmap", 2, "bytes"),
     counted("iommu_unmap_fast", Category::IommuMap, "unmap", 2, "bytes"),
     row("iommu_iotlb_sync", Category::IommuFlush, "unmap"),
+    // The core's sync is inlined on current kernels: the Intel driver's flush hooks stand in.
+    row("intel_iommu_iotlb_sync_map", Category::IommuFlush, "map"),
+    row("intel_flush_iotlb_all", Category::IommuFlush, "map, unmap"),
     // locked_vm accounting.
     counted("__account_locked_vm", Category::Accounting, "map, unmap", 1, "pages"),
     counted("account_locked_vm", Category::Accounting, "map, unmap", 1, "pages"),
@@ -147,7 +150,7 @@ pub fn attach_raw_tracepoint(ebpf: &mut Ebpf, prog: &str, event: &str) -> Result
         .ok_or("missing from the BPF object")?
         .try_into()
         .map_err(|e| format!("{e}"))?;
-    p.load().map_err(|e| format!("load: {e}"))?;
+    p.load().map_err(|e| format!("load: {}", one_line(&e)))?;
     p.attach(event).map_err(|e| format!("attach: {e}"))?;
     Ok(())
 }
@@ -248,6 +251,24 @@ pub struct Probes {
     pub status: Vec<ProbeStatus>,
 }
 
+/// An error on one line: a verifier log is cut to the line that says why the program was refused.
+pub fn one_line(e: &dyn std::fmt::Display) -> String {
+    let text = e.to_string();
+    let Some((head, log)) = text.split_once("Verifier output:") else {
+        return text.lines().next().unwrap_or_default().to_owned();
+    };
+    let lines: Vec<&str> = log.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    let reason = lines
+        .iter()
+        .position(|l| l.starts_with("verification time") || l.starts_with("processed "))
+        .and_then(|i| i.checked_sub(1))
+        .and_then(|i| lines.get(i))
+        .or(lines.last())
+        .copied()
+        .unwrap_or("");
+    format!("{} verifier: {reason}", head.trim().trim_end_matches('.'))
+}
+
 /// Whether this kernel has kprobes at all (the kprobe PMU or the legacy tracefs interface).
 pub fn kprobes_available() -> bool {
     std::path::Path::new("/sys/bus/event_source/devices/kprobe/type").exists()
@@ -277,13 +298,13 @@ fn attach_rows(ebpf: &mut Ebpf, symbols: Option<&KernelSymbols>) -> (Vec<usize>,
             .ok_or("row_entry missing")?
             .try_into()
             .map_err(|e| format!("{e}"))?;
-        entry.load().map_err(|e| format!("load row_entry: {e}"))?;
+        entry.load().map_err(|e| format!("load row_entry: {}", one_line(&e)))?;
         let exit: &mut KProbe = ebpf
             .program_mut(abi::programs::ROW_EXIT)
             .ok_or("row_exit missing")?
             .try_into()
             .map_err(|e| format!("{e}"))?;
-        exit.load().map_err(|e| format!("load row_exit: {e}"))?;
+        exit.load().map_err(|e| format!("load row_exit: {}", one_line(&e)))?;
         Ok(())
     })();
     if let Err(why) = setup {
@@ -385,7 +406,7 @@ impl Probes {
                 .ok_or("missing from the BPF object")?
                 .try_into()
                 .map_err(|e| format!("{e}"))?;
-            p.load().map_err(|e| format!("load: {e}"))?;
+            p.load().map_err(|e| format!("load: {}", one_line(&e)))?;
             p.attach(
                 PerfEventConfig::Software(SoftwareEvent::CpuClock),
                 PerfEventScope::OneProcess { pid: tid, cpu: None },

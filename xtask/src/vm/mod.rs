@@ -379,6 +379,11 @@ pub fn run(args: VmArgs) -> Result<()> {
 /// `cargo xtask run` without --host: `dmaprof run <args>` in the VM with the custom kernel.
 pub fn run_default(args: Vec<String>) -> Result<()> {
     let mut all = vec!["run".to_owned()];
+    // The guest has 2 GiB and emulated CPUs: 256 MiB per case keeps the whole matrix to
+    // minutes (what the kernel selftests' -b would be for a quick run). -b overrides it.
+    if !args.iter().any(|a| a == "-b" || a.starts_with("--size")) {
+        all.extend(["-b".to_owned(), "256M".to_owned()]);
+    }
     all.extend(args);
     run(VmArgs {
         kernel: "custom".to_owned(),
