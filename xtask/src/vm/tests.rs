@@ -599,7 +599,10 @@ fn attribution(k: &kernel::Kernel, dmaprof: &Path) -> Verdict {
             }
         }
     }
-    notes.push(format!("worst unattributed {:.2}% of a map phase >= 20 ms", worst_unattr * 100.0));
+    notes.push(format!(
+        "worst unattributed {:.2}% of a map phase >= 20 ms",
+        worst_unattr * 100.0
+    ));
     if worst_unattr > 0.05 {
         problems.push(format!(
             "unattributed reaches {:.1}% of a map phase",
