@@ -201,7 +201,7 @@ const KPROBE_TARGETS: &[&str] = &["do_sys_openat2", "do_sys_open", "vfs_read"];
 
 fn bpf_checks() -> Vec<(&'static str, Capability)> {
     let tid = gettid();
-    let mut ebpf = match load_object(tid) {
+    let mut ebpf = match load_object(tid, None) {
         Ok(e) => e,
         Err(e) => {
             let c = cap(false, e.to_string());

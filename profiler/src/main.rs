@@ -97,6 +97,9 @@ struct RunArgs {
     /// Load no probes: every iteration untraced (wall times only).
     #[arg(long)]
     no_trace: bool,
+    /// Testing: entries of the sampled-stack map (a tiny map forces lost samples).
+    #[arg(long, hide = true)]
+    sample_map_entries: Option<u32>,
 }
 
 fn size_arg(s: &str) -> Result<u64, String> {
@@ -273,6 +276,7 @@ fn run_command(args: RunArgs) -> anyhow::Result<ExitCode> {
         device: args.device,
         bind: args.bind,
         no_trace: args.no_trace,
+        sample_map_entries: args.sample_map_entries,
     };
     if opts.out.exists() && !opts.out.is_dir() {
         return Err(RunError::Usage(format!("--out {} exists and is not a directory", opts.out.display())).into());

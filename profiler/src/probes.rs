@@ -198,13 +198,17 @@ pub struct ProbeStatus {
 }
 
 /// Loads the object with the workload thread's id and the bpf() syscall number filled in.
-pub fn load_object(tid: u32) -> Result<Ebpf, ProbeError> {
+/// `sample_map_entries` shrinks the sampled-stack map (a test forces lost samples with it).
+pub fn load_object(tid: u32, sample_map_entries: Option<u32>) -> Result<Ebpf, ProbeError> {
     let ignored: i64 = libc::SYS_bpf;
-    EbpfLoader::new()
+    let mut loader = EbpfLoader::new();
+    loader
         .override_global(abi::TARGET_TID_GLOBAL, &tid, true)
-        .override_global(abi::IGNORED_SYSCALL_GLOBAL, &ignored, true)
-        .load(BPF_OBJECT)
-        .map_err(ProbeError::Load)
+        .override_global(abi::IGNORED_SYSCALL_GLOBAL, &ignored, true);
+    if let Some(n) = sample_map_entries {
+        loader.map_max_entries(abi::maps::SAMPLES, n);
+    }
+    loader.load(BPF_OBJECT).map_err(ProbeError::Load)
 }
 
 /// The calling thread's id.
@@ -387,8 +391,13 @@ fn attach_rows(ebpf: &mut Ebpf, symbols: Option<&KernelSymbols>) -> (Vec<usize>,
 impl Probes {
     /// Loads the programs for thread `tid` (the caller) and attaches what this kernel allows.
     /// A probe that cannot attach is recorded in `status`; only a failed load is an error.
-    pub fn attach(tid: u32, freq_hz: u64, symbols: Option<&KernelSymbols>) -> Result<Self, ProbeError> {
-        let mut ebpf = load_object(tid)?;
+    pub fn attach(
+        tid: u32,
+        freq_hz: u64,
+        symbols: Option<&KernelSymbols>,
+        sample_map_entries: Option<u32>,
+    ) -> Result<Self, ProbeError> {
+        let mut ebpf = load_object(tid, sample_map_entries)?;
         let (attached_rows, mut status) = attach_rows(&mut ebpf, symbols);
         for &(prog, category, name, _) in TRACEPOINTS {
             let function = format!("{category}:{name}");

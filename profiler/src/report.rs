@@ -393,7 +393,11 @@ pub fn render_table(report: &Report) -> String {
                 p.overhead.map_or("-".into(), |o| format!("x{o:.2}")),
                 ms(p.kernel_ns.median),
                 p.counters.faults,
-                p.sampled.samples
+                if p.sampled.lost > 0 {
+                    format!("{}*", p.sampled.samples)
+                } else {
+                    p.sampled.samples.to_string()
+                }
             );
             for c in &cat_names {
                 let share = p.sampled.categories.get(*c).copied().unwrap_or(0.0);
@@ -406,6 +410,19 @@ pub fn render_table(report: &Report) -> String {
             }
             out.push('\n');
         }
+    }
+    let lost: u64 = report
+        .cases
+        .iter()
+        .flat_map(|c| &c.phases)
+        .map(|p| p.sampled.lost + p.exact.lost_events)
+        .sum();
+    if lost > 0 {
+        let _ = writeln!(
+            out,
+            "\n* {lost} events lost (sample map full, stack collisions, or call stack overflow): \
+             the marked numbers cover only what was kept"
+        );
     }
     if !report.skipped.is_empty() {
         let _ = writeln!(out, "\nskipped:");

@@ -52,6 +52,8 @@ pub struct RunOptions {
     pub bind: bool,
     /// Load no probes at all: every iteration untraced.
     pub no_trace: bool,
+    /// Testing: entries of the sampled-stack map (small values force lost samples).
+    pub sample_map_entries: Option<u32>,
 }
 
 /// Why a run could not start or finish.
@@ -383,7 +385,12 @@ pub fn execute(
     let mut probes = if opts.no_trace {
         None
     } else {
-        Some(Probes::attach(gettid(), opts.freq_hz, symbols.as_ref())?)
+        Some(Probes::attach(
+            gettid(),
+            opts.freq_hz,
+            symbols.as_ref(),
+            opts.sample_map_entries,
+        )?)
     };
     report.probes = probes
         .as_ref()

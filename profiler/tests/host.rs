@@ -582,3 +582,40 @@ fn second_instance_refuses_and_unprivileged_run_says_why() {
     }
     let _ = fs::remove_dir_all(dir);
 }
+
+#[test]
+fn lost_samples_are_counted_and_marked() {
+    let _serial = serial();
+    if !can_run("lost_samples_are_counted_and_marked") {
+        return;
+    }
+    // A two-entry sample map cannot hold the stacks of a 256 MiB populate.
+    let (r, dir) = run_json(
+        "lost",
+        &[
+            "-b",
+            "256M",
+            "-v",
+            "none_anonymous.populate",
+            "-n",
+            "1",
+            "--sample-map-entries",
+            "2",
+        ],
+    );
+    let mmap = phase(case(&r, "none_anonymous.populate"), "mmap");
+    let lost = mmap["sampled"]["lost"].as_u64().unwrap();
+    assert!(
+        lost > 0,
+        "a full sample map must count lost samples: {}",
+        mmap["sampled"]
+    );
+    let table = dmaprof().arg("report").arg(dir.join("report.json")).output().unwrap();
+    ok(&table);
+    let t = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        t.contains("events lost") && t.contains('*'),
+        "the table must mark lost events: {t}"
+    );
+    fs::remove_dir_all(dir).unwrap();
+}
