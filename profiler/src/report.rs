@@ -409,6 +409,21 @@ pub fn render_table(report: &Report) -> String {
                 let _ = write!(out, " {cell:>9}");
             }
             out.push('\n');
+            if !p.exact.rows.is_empty() && p.exact.wall_ns > 0 {
+                // The same categories measured exactly, as shares of the median iteration's
+                // wall time; the `user` column holds what no probe saw (unattributed).
+                let _ = write!(out, "  {:<13}{:>10}{:>63}", "  exact", ms(p.exact.wall_ns), "");
+                let wall = p.exact.wall_ns as f64;
+                for c in &cat_names {
+                    let v = if *c == "user" {
+                        p.exact.unattributed_ns as f64
+                    } else {
+                        p.exact.categories.get(*c).copied().unwrap_or(0) as f64
+                    };
+                    let _ = write!(out, " {:>9}", format!("{:.0}%", v / wall * 100.0));
+                }
+                out.push('\n');
+            }
         }
     }
     let lost: u64 = report
