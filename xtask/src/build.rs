@@ -17,40 +17,31 @@ pub fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// Builds the release dmaprof and returns its path: for the host, or (with `static_target`)
+/// fully static for that target, as the VM's initramfs needs it.
+fn build_dmaprof(static_target: Option<&str>) -> Result<PathBuf> {
+    ensure_build_deps()?;
+    let mut cmd = Command::new("cargo");
+    cmd.current_dir(workspace_root())
+        .args(["build", "--release", "--package", "profiler", "--bin", "dmaprof"]);
+    let mut out = workspace_root().join("target");
+    if let Some(target) = static_target {
+        cmd.args(["--target", target])
+            .env("RUSTFLAGS", "-C target-feature=+crt-static");
+        out = out.join(target);
+    }
+    run_cmd(&mut cmd)?;
+    Ok(out.join("release/dmaprof"))
+}
+
 /// Builds the release dmaprof for the host and returns its path.
 pub fn build_release() -> Result<PathBuf> {
-    ensure_build_deps()?;
-    run_cmd(Command::new("cargo").current_dir(workspace_root()).args([
-        "build",
-        "--release",
-        "--package",
-        "profiler",
-        "--bin",
-        "dmaprof",
-    ]))?;
-    Ok(workspace_root().join("target/release/dmaprof"))
+    build_dmaprof(None)
 }
 
 /// Builds a fully static dmaprof (for the VM's initramfs) and returns its path.
 pub fn build_static() -> Result<PathBuf> {
-    ensure_build_deps()?;
-    let target = "x86_64-unknown-linux-gnu";
-    run_cmd(
-        Command::new("cargo")
-            .current_dir(workspace_root())
-            .args([
-                "build",
-                "--release",
-                "--package",
-                "profiler",
-                "--bin",
-                "dmaprof",
-                "--target",
-                target,
-            ])
-            .env("RUSTFLAGS", "-C target-feature=+crt-static"),
-    )?;
-    Ok(workspace_root().join("target").join(target).join("release/dmaprof"))
+    build_dmaprof(Some("x86_64-unknown-linux-gnu"))
 }
 
 /// Arguments of `cargo xtask run`.
