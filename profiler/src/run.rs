@@ -80,15 +80,6 @@ pub enum RunError {
         #[source]
         source: std::io::Error,
     },
-    /// A case failed while running.
-    #[error("case {case}: {source}")]
-    Case {
-        /// Case name.
-        case: String,
-        /// Why.
-        #[source]
-        source: WorkloadError,
-    },
 }
 
 impl RunError {

@@ -72,14 +72,6 @@ pub trait PhaseObserver {
     fn end(&mut self, phase: Phase);
 }
 
-/// An observer that observes nothing (untraced runs).
-pub struct Untraced;
-
-impl PhaseObserver for Untraced {
-    fn begin(&mut self, _: Phase) {}
-    fn end(&mut self, _: Phase) {}
-}
-
 /// What one phase of one iteration measured in user space.
 #[derive(Clone, Copy, Debug)]
 pub struct PhaseRun {
