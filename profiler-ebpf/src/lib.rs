@@ -39,6 +39,18 @@ pub mod maps {
     pub const CALL_STACK: &str = "CALL_STACK";
     /// `Array<u32>` with one entry: the depth of that stack (may exceed MAX_CALL_DEPTH).
     pub const CALL_DEPTH: &str = "CALL_DEPTH";
+    /// Every map name, for recognising dmaprof's objects among all loaded ones.
+    pub const ALL: &[&str] = &[
+        CONTROL,
+        PHASE_COUNTERS,
+        SAMPLES,
+        STACKS,
+        SYSCALL_ENTER,
+        ROW_BY_IP,
+        ROW_STATS,
+        CALL_STACK,
+        CALL_DEPTH,
+    ];
 }
 
 /// Names of the programs in the BPF object.
@@ -59,6 +71,17 @@ pub mod programs {
     pub const PROBE_KPROBE: &str = "probe_kprobe";
     /// Do-nothing fentry program used by `doctor` to find out whether fentry loads.
     pub const PROBE_FENTRY: &str = "probe_fentry";
+    /// Every program name, for recognising dmaprof's programs among all loaded ones.
+    pub const ALL: &[&str] = &[
+        SAMPLE_STACK,
+        SYS_ENTER,
+        SYS_EXIT,
+        PAGE_FAULT_USER,
+        ROW_ENTRY,
+        ROW_EXIT,
+        PROBE_KPROBE,
+        PROBE_FENTRY,
+    ];
 }
 
 /// Name of the read-only global that holds the workload thread's id, set at load time.

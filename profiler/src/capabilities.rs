@@ -75,7 +75,108 @@ pub fn kernel_info() -> KernelInfo {
         release: field(&u.release),
         version: field(&u.version),
         machine: field(&u.machine),
+        features: kernel_features(),
     }
+}
+
+/// A kernel change recognised by symbols: present when every `with` symbol exists and no
+/// `without` symbol does. (id, with, without, since, effect)
+type FeatureRule = (
+    &'static str,
+    &'static [&'static str],
+    &'static [&'static str],
+    &'static str,
+    &'static str,
+);
+
+/// Kernel changes that move DMA-map time. Versions and commits were checked against mainline;
+/// module symbols (vfio, iommufd) show only while the module is loaded.
+pub const KERNEL_FEATURES: &[FeatureRule] = &[
+    (
+        "iommufd",
+        &["iommufd_ioas_map"],
+        &[],
+        "v6.2, 2ff4bed7fee7 (iommufd: File descriptor, context, kconfig and makefiles)",
+        "/dev/iommu and IOMMU_IOAS_MAP; the iommufd_* modes",
+    ),
+    (
+        "unpin_folios",
+        &["unpin_folio", "unpin_folios"],
+        &[],
+        "v6.11, 6cc040542ba7 (mm/gup: introduce unpin_folio/unpin_folios helpers)",
+        "folio-granular unpin on unmap",
+    ),
+    (
+        "memfd_pin_folios",
+        &["memfd_pin_folios"],
+        &[],
+        "v6.11, 89c1905d9c14 (mm/gup: introduce memfd_pin_folios() for pinning memfd folios)",
+        "memfd pinned by folio from the page cache, without walking page tables",
+    ),
+    (
+        "folio_zero_user",
+        &["folio_zero_user"],
+        &["clear_huge_page"],
+        "v6.11, 78fefd04c123 (mm: memory: convert clear_huge_page() to folio_zero_user())",
+        "hugepage zeroing is folio_zero_user (the probe row follows the rename)",
+    ),
+    (
+        "huge_pfnmap",
+        &["follow_pfnmap_start"],
+        &[],
+        "v6.12, 6da8e9634bb7 (mm: new follow_pfnmap API)",
+        "PFNMAP (MMIO) mappings pinned by PMD/PUD, not per page",
+    ),
+    (
+        "ioas_map_file",
+        &["iommufd_ioas_map_file", "iopt_map_file_pages"],
+        &[],
+        "v6.13, f4986a72d6e4 (iommufd: Add IOMMU_IOAS_MAP_FILE)",
+        "iommufd maps a memfd by file offset (IOMMU_IOAS_MAP_FILE): no prefault in the map",
+    ),
+    (
+        "iommu_map_batched_sync",
+        &["iommu_map_nosync", "iommu_sync_map"],
+        &[],
+        "v6.16, 5c87cffe2d38 (iommu: generalize the batched sync after map interface)",
+        "one IOTLB/iotlb_sync_map per batch instead of per iommu_map",
+    ),
+];
+
+/// Which of [`KERNEL_FEATURES`] this kernel shows, from /proc/kallsyms names (addresses are
+/// not needed, so this works unprivileged too).
+pub fn kernel_features() -> Vec<crate::report::KernelFeature> {
+    let wanted: std::collections::BTreeSet<&str> = KERNEL_FEATURES
+        .iter()
+        .flat_map(|(_, w, wo, _, _)| w.iter().chain(wo.iter()).copied())
+        .collect();
+    let seen: Option<std::collections::BTreeSet<String>> = fs::read_to_string("/proc/kallsyms").ok().map(|text| {
+        text.lines()
+            .filter_map(|l| l.split_whitespace().nth(2))
+            .filter(|n| wanted.contains(n))
+            .map(str::to_owned)
+            .collect()
+    });
+    KERNEL_FEATURES
+        .iter()
+        .map(|(id, with, without, since, effect)| {
+            let evidence = with
+                .iter()
+                .map(|s| format!("{s} present"))
+                .chain(without.iter().map(|s| format!("{s} absent")))
+                .collect::<Vec<_>>()
+                .join(", ");
+            crate::report::KernelFeature {
+                id: (*id).to_owned(),
+                present: seen
+                    .as_ref()
+                    .map(|seen| with.iter().all(|s| seen.contains(*s)) && !without.iter().any(|s| seen.contains(*s))),
+                evidence,
+                since: (*since).to_owned(),
+                effect: (*effect).to_owned(),
+            }
+        })
+        .collect()
 }
 
 /// Probes the host. Every check is independent: one failing never hides another.
@@ -488,6 +589,116 @@ fn link_name(p: &Path) -> Option<String> {
         .and_then(|l| l.file_name().map(|n| n.to_string_lossy().into_owned()))
 }
 
+/// What an ended (or killed) dmaprof could have left behind. The kernel drops programs, links
+/// and perf kprobes when the last fd closes, so anything here means a dmaprof process still
+/// lives or something pinned them; `doctor --leftovers` exits 1 then.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Leftovers {
+    /// Loaded BPF programs that are dmaprof's (name and maps match): "id <n> <name>".
+    pub programs: Vec<String>,
+    /// BPF link ids whose program is one of those.
+    pub links: Vec<u32>,
+    /// tracefs kprobe/uprobe events that aya created (`aya_<pid>_...`).
+    pub kprobe_events: Vec<String>,
+    /// Other processes named dmaprof.
+    pub processes: Vec<u32>,
+}
+
+impl Leftovers {
+    /// Nothing left behind.
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// Looks for dmaprof's programs, links, tracefs probe events and processes. The kernel frees a
+/// program only after an RCU grace period once its last reference is gone, so programs with no
+/// process and no link left get up to two seconds to disappear before they count.
+pub fn leftovers() -> Leftovers {
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    loop {
+        let l = leftovers_now();
+        let only_programs = l.links.is_empty() && l.processes.is_empty() && l.kprobe_events.is_empty();
+        if l.is_empty() || !only_programs || std::time::Instant::now() >= deadline {
+            return l;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn leftovers_now() -> Leftovers {
+    use aya::{maps::MapInfo, programs::loaded_links, programs::loaded_programs};
+    let ours = |p: &aya::programs::ProgramInfo| {
+        let named = p.name_as_str().is_some_and(|n| abi::programs::ALL.contains(&n));
+        // A name alone could be anyone's `sys_enter`; our programs also use our maps.
+        let our_maps = p.map_ids().ok().flatten().unwrap_or_default().into_iter().any(|id| {
+            MapInfo::from_id(id)
+                .ok()
+                .and_then(|m| m.name_as_str().map(|n| abi::maps::ALL.contains(&n)))
+                .unwrap_or(false)
+        });
+        named && our_maps
+    };
+    let mut program_ids = Vec::new();
+    let mut programs = Vec::new();
+    for p in loaded_programs().flatten().filter(ours) {
+        program_ids.push(p.id());
+        programs.push(format!("id {} {}", p.id(), p.name_as_str().unwrap_or("?")));
+    }
+    let links = loaded_links()
+        .flatten()
+        .filter(|l| program_ids.contains(&l.program_id()))
+        .map(|l| l.id())
+        .collect();
+    let mut kprobe_events = Vec::new();
+    for dir in ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"] {
+        for file in ["kprobe_events", "uprobe_events"] {
+            if let Ok(text) = fs::read_to_string(Path::new(dir).join(file)) {
+                kprobe_events.extend(text.lines().filter(|l| l.contains("/aya_")).map(str::to_owned));
+            }
+        }
+    }
+    kprobe_events.sort();
+    kprobe_events.dedup();
+    let me = std::process::id();
+    let processes = fs::read_dir("/proc")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+                .filter(|&pid| pid != me)
+                .filter(|pid| fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim_end() == "dmaprof"))
+                .collect()
+        })
+        .unwrap_or_default();
+    Leftovers {
+        programs,
+        links,
+        kprobe_events,
+        processes,
+    }
+}
+
+/// The `doctor --leftovers` text.
+pub fn render_leftovers(l: &Leftovers) -> String {
+    if l.is_empty() {
+        return "leftovers: none (no dmaprof programs, links, kprobe events or processes)\n".into();
+    }
+    let mut s = String::from("leftovers:\n");
+    for p in &l.programs {
+        s += &format!("  bpf program {p}\n");
+    }
+    for id in &l.links {
+        s += &format!("  bpf link id {id}\n");
+    }
+    for e in &l.kprobe_events {
+        s += &format!("  probe event {e}\n");
+    }
+    for pid in &l.processes {
+        s += &format!("  dmaprof process {pid} (it holds the rest; it ends on SIGTERM)\n");
+    }
+    s
+}
+
 /// PCI devices bound to vfio-pci.
 pub fn vfio_devices() -> Vec<VfioDevice> {
     let mut out = Vec::new();
@@ -521,6 +732,15 @@ pub fn render(d: &Doctor) -> String {
     );
     for (name, c) in &d.capabilities {
         let _ = writeln!(s, "  {:<14} {:<4} {}", name, if c.ok { "yes" } else { "NO" }, c.detail);
+    }
+    let _ = writeln!(s, "kernel changes (from /proc/kallsyms):");
+    for f in &d.kernel.features {
+        let has = match f.present {
+            Some(true) => "yes",
+            Some(false) => "no",
+            None => "?",
+        };
+        let _ = writeln!(s, "  {:<22} {:<3} since {}", f.id, has, f.since);
     }
     let _ = writeln!(
         s,

@@ -36,6 +36,10 @@ enum Command {
         /// Print JSON instead of the table.
         #[arg(long)]
         json: bool,
+        /// Only check that no dmaprof programs, BPF links, kprobe events or processes remain
+        /// (exit 1 if any do).
+        #[arg(long)]
+        leftovers: bool,
     },
     /// List the case matrix (what -v globs match).
     List,
@@ -97,6 +101,13 @@ struct RunArgs {
     /// Load no probes: every iteration untraced (wall times only).
     #[arg(long)]
     no_trace: bool,
+    /// Probe mechanisms to attach (what each costs: `cargo xtask bench`).
+    #[arg(
+        long = "probes",
+        value_delimiter = ',',
+        default_value = "samples,tracepoints,kprobes"
+    )]
+    mechanisms: Vec<profiler::probes::Mechanism>,
     /// Testing: entries of the sampled-stack map (a tiny map forces lost samples).
     #[arg(long, hide = true)]
     sample_map_entries: Option<u32>,
@@ -116,7 +127,11 @@ fn out(text: &str) {
     }
 }
 
+/// When main() began: the start of dmaprof's start-up time.
+static STARTED: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+
 fn main() -> ExitCode {
+    STARTED.get_or_init(std::time::Instant::now);
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
@@ -134,7 +149,20 @@ fn main() -> ExitCode {
         }
     };
     match cli.command {
-        Command::Doctor { json } => {
+        Command::Doctor { json, leftovers: true } => {
+            let l = capabilities::leftovers();
+            if json {
+                out(&(serde_json::to_string_pretty(&l).expect("leftovers serialise") + "\n"));
+            } else {
+                out(&capabilities::render_leftovers(&l));
+            }
+            if l.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+        Command::Doctor { json, leftovers: false } => {
             let d = capabilities::probe_host();
             if json {
                 out(&(serde_json::to_string_pretty(&d).expect("doctor output serialises") + "\n"));
@@ -277,6 +305,8 @@ fn run_command(args: RunArgs) -> anyhow::Result<ExitCode> {
         bind: args.bind,
         no_trace: args.no_trace,
         sample_map_entries: args.sample_map_entries,
+        mechanisms: args.mechanisms,
+        started: *STARTED.get_or_init(std::time::Instant::now),
     };
     if opts.out.exists() && !opts.out.is_dir() {
         return Err(RunError::Usage(format!("--out {} exists and is not a directory", opts.out.display())).into());
@@ -418,7 +448,10 @@ async fn supervise(
             profiler::device::restore_all();
             std::process::exit(128 + sig);
         }
-        eprintln!("dmaprof: signal {sig}: stopping after the current phase and cleaning up (again to force)");
+        let during = progress
+            .current()
+            .map_or_else(|| "between phases".to_owned(), |(what, _)| what);
+        eprintln!("dmaprof: signal {sig} during {during}: stopping after it and cleaning up (again to force)");
         cancel.store(true, Ordering::Relaxed);
     }
 }

@@ -197,6 +197,27 @@ pub struct ProbeStatus {
     pub error: Option<String>,
 }
 
+/// The reason given for probes of a mechanism left off with `--probes`.
+pub const NOT_REQUESTED: &str = "not requested (--probes)";
+
+/// A probe mechanism that can be switched on or off (`dmaprof run --probes`), e.g. to measure
+/// what each one costs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Mechanism {
+    /// perf_event cpu-clock sampling of kernel stacks (the flamegraphs).
+    Samples,
+    /// Raw tracepoints: syscall entry/exit and user page faults (counts, syscall time).
+    Tracepoints,
+    /// kprobe + kretprobe on every probe-table row (exact entry/exit accounting).
+    Kprobes,
+}
+
+impl Mechanism {
+    /// All of them, the default.
+    pub const ALL: [Mechanism; 3] = [Mechanism::Samples, Mechanism::Tracepoints, Mechanism::Kprobes];
+}
+
 /// Loads the object with the workload thread's id and the bpf() syscall number filled in.
 /// `sample_map_entries` shrinks the sampled-stack map (a test forces lost samples with it).
 pub fn load_object(tid: u32, sample_map_entries: Option<u32>) -> Result<Ebpf, ProbeError> {
@@ -396,12 +417,30 @@ impl Probes {
         freq_hz: u64,
         symbols: Option<&KernelSymbols>,
         sample_map_entries: Option<u32>,
+        mechanisms: &[Mechanism],
     ) -> Result<Self, ProbeError> {
         let mut ebpf = load_object(tid, sample_map_entries)?;
-        let (attached_rows, mut status) = attach_rows(&mut ebpf, symbols);
+        let (attached_rows, mut status) = if mechanisms.contains(&Mechanism::Kprobes) {
+            attach_rows(&mut ebpf, symbols)
+        } else {
+            let status = PROBE_TABLE
+                .iter()
+                .map(|r| ProbeStatus {
+                    function: r.function.to_owned(),
+                    mechanism: "kprobe",
+                    attached: false,
+                    error: Some(NOT_REQUESTED.into()),
+                })
+                .collect();
+            (Vec::new(), status)
+        };
         for &(prog, category, name, _) in TRACEPOINTS {
             let function = format!("{category}:{name}");
-            let result = attach_raw_tracepoint(&mut ebpf, prog, name);
+            let result = if mechanisms.contains(&Mechanism::Tracepoints) {
+                attach_raw_tracepoint(&mut ebpf, prog, name)
+            } else {
+                Err(NOT_REQUESTED.into())
+            };
             status.push(ProbeStatus {
                 function,
                 mechanism: "raw_tracepoint",
@@ -410,6 +449,9 @@ impl Probes {
             });
         }
         let sampler = (|| -> Result<(), String> {
+            if !mechanisms.contains(&Mechanism::Samples) {
+                return Err(NOT_REQUESTED.into());
+            }
             let p: &mut PerfEvent = ebpf
                 .program_mut(abi::programs::SAMPLE_STACK)
                 .ok_or("missing from the BPF object")?

@@ -37,6 +37,22 @@ pub struct Report {
     /// True when the run was interrupted and the report covers only what finished.
     #[serde(default)]
     pub partial: bool,
+    /// What dmaprof itself cost: start-up and memory.
+    #[serde(default)]
+    pub timing: Timing,
+}
+
+/// dmaprof's own costs, for `cargo xtask bench`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Timing {
+    /// From process start to every requested probe attached (includes the untraced reference).
+    pub start_to_attached_ns: u64,
+    /// The untraced reference iterations inside that span (workload time, not start-up).
+    pub reference_ns: u64,
+    /// Loading the BPF object and attaching the probes.
+    pub attach_ns: u64,
+    /// Peak resident set of the dmaprof process (VmHWM), the workload's buffers included.
+    pub peak_rss_kib: u64,
 }
 
 /// Kernel facts.
@@ -50,6 +66,24 @@ pub struct KernelInfo {
     /// uname -m.
     #[serde(default)]
     pub machine: String,
+    /// Kernel changes that move DMA-map time, as seen in /proc/kallsyms.
+    #[serde(default)]
+    pub features: Vec<KernelFeature>,
+}
+
+/// One kernel change and whether this kernel has it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct KernelFeature {
+    /// Short id, e.g. `memfd_pin_folios`.
+    pub id: String,
+    /// Whether the kernel shows it (None: /proc/kallsyms unreadable).
+    pub present: Option<bool>,
+    /// The symbol test used.
+    pub evidence: String,
+    /// First mainline release and the commit (backports can bring it earlier).
+    pub since: String,
+    /// What it changes for a DMA map.
+    pub effect: String,
 }
 
 /// Run options.
@@ -70,6 +104,9 @@ pub struct Config {
     /// False with --no-trace: no probe was loaded.
     #[serde(default = "yes")]
     pub traced: bool,
+    /// The probe mechanisms requested (`--probes`).
+    #[serde(default)]
+    pub probes: Vec<crate::probes::Mechanism>,
 }
 
 fn yes() -> bool {
@@ -356,6 +393,23 @@ pub fn render_table(report: &Report) -> String {
             ""
         }
     );
+    let with = |p: bool| {
+        let ids: Vec<&str> = report
+            .kernel
+            .features
+            .iter()
+            .filter(|f| f.present == Some(p))
+            .map(|f| f.id.as_str())
+            .collect();
+        if ids.is_empty() {
+            "none".to_owned()
+        } else {
+            ids.join(", ")
+        }
+    };
+    if !report.kernel.features.is_empty() {
+        let _ = writeln!(out, "kernel has: {}; lacks: {}", with(true), with(false));
+    }
     let cat_names: Vec<&str> = CATEGORIES.iter().map(|c| c.name()).collect();
     for case in &report.cases {
         match &case.map_ioctl {
@@ -453,12 +507,24 @@ pub fn render_table(report: &Report) -> String {
     }
     // Group by reason: on a kernel without kprobes every row fails the same way.
     let mut by_reason: Vec<(&str, Vec<&str>)> = Vec::new();
-    for p in report.probes.iter().filter(|p| !p.attached) {
+    for p in report
+        .probes
+        .iter()
+        .filter(|p| !p.attached && p.error.as_deref() != Some(crate::probes::NOT_REQUESTED))
+    {
         let reason = p.error.as_deref().unwrap_or("");
         match by_reason.iter_mut().find(|(r, _)| *r == reason) {
             Some((_, names)) => names.push(&p.function),
             None => by_reason.push((reason, vec![&p.function])),
         }
+    }
+    let off: Vec<String> = crate::probes::Mechanism::ALL
+        .iter()
+        .filter(|m| report.config.traced && !report.config.probes.is_empty() && !report.config.probes.contains(m))
+        .map(|m| format!("{m:?}").to_lowercase())
+        .collect();
+    if !off.is_empty() {
+        let _ = writeln!(out, "\nprobes off by request (--probes): {}", off.join(", "));
     }
     if !by_reason.is_empty() {
         let _ = writeln!(out, "\nprobes not attached (the exact breakdown lacks their rows):");

@@ -23,6 +23,7 @@ use crate::{
     probes::{Drained, PROBE_TABLE, ProbeError, Probes, gettid},
     report::{
         self, CaseReport, Config, Counters, Exact, ExactRow, Failed, PhaseReport, Report, Sampled, Skipped, Stats,
+        Timing,
     },
     symbols::KernelSymbols,
     workload::{self, PHASES, Phase, PhaseObserver, PhaseRun, WorkloadError},
@@ -54,6 +55,10 @@ pub struct RunOptions {
     pub no_trace: bool,
     /// Testing: entries of the sampled-stack map (small values force lost samples).
     pub sample_map_entries: Option<u32>,
+    /// When the process started (for the start-up time in the report).
+    pub started: Instant,
+    /// Which probe mechanisms to attach.
+    pub mechanisms: Vec<crate::probes::Mechanism>,
 }
 
 /// Why a run could not start or finish.
@@ -89,6 +94,14 @@ impl RunError {
     }
 }
 
+/// Stage names outside the phases, as progress shows them.
+pub const STAGE_SETUP: &str = "set-up";
+/// Loading and attaching the probes.
+pub const STAGE_ATTACH: &str = "attaching probes";
+/// After the last phase: report written, probes detached. A signal here leaves the report
+/// complete (not partial).
+pub const STAGE_FINISH: &str = "finishing (report, detach)";
+
 /// What the main thread shows as progress: the phase running now and since when.
 #[derive(Default)]
 pub struct Progress {
@@ -103,6 +116,11 @@ impl Progress {
 
     fn set(&self, v: Option<(String, Instant)>) {
         *self.current.lock().unwrap_or_else(|e| e.into_inner()) = v;
+    }
+
+    /// Names a stage outside the phases (shown as progress and named when a signal lands).
+    fn stage(&self, what: &str) {
+        self.set(Some((what.to_owned(), Instant::now())));
     }
 }
 
@@ -342,6 +360,7 @@ pub fn execute(
         path: opts.out.display().to_string(),
         source,
     })?;
+    progress.stage(STAGE_SETUP);
     let symbols = KernelSymbols::load().ok();
     let mut report = Report {
         schema: report::SCHEMA.into(),
@@ -356,13 +375,20 @@ pub fn execute(
             variants: opts.variants.clone(),
             prefaults: opts.prefaults.iter().map(|p| p.name().to_owned()).collect(),
             traced: !opts.no_trace,
+            probes: if opts.no_trace {
+                Vec::new()
+            } else {
+                opts.mechanisms.clone()
+            },
         },
         cases: Vec::new(),
         skipped: plan.skipped,
         failed: Vec::new(),
         probes: Vec::new(),
         partial: false,
+        timing: Timing::default(),
     };
+    let reference_start = Instant::now();
     // Untraced reference: one iteration per case before any probe is loaded, so the report
     // can show what tracing costs (traced / untraced) per phase.
     let mut untraced: BTreeMap<String, Vec<PhaseRun>> = BTreeMap::new();
@@ -373,6 +399,9 @@ pub fn execute(
             }
         }
     }
+    report.timing.reference_ns = reference_start.elapsed().as_nanos() as u64;
+    progress.stage(STAGE_ATTACH);
+    let attach_start = Instant::now();
     let mut probes = if opts.no_trace {
         None
     } else {
@@ -381,8 +410,11 @@ pub fn execute(
             opts.freq_hz,
             symbols.as_ref(),
             opts.sample_map_entries,
+            &opts.mechanisms,
         )?)
     };
+    report.timing.attach_ns = attach_start.elapsed().as_nanos() as u64;
+    report.timing.start_to_attached_ns = opts.started.elapsed().as_nanos() as u64;
     report.probes = probes
         .as_ref()
         .map(|p| p.status.iter().map(Into::into).collect())
@@ -438,11 +470,27 @@ pub fn execute(
             None => {}
         }
     }
+    // From here on a signal no longer shortens the run: the report is complete unless it came
+    // before this check.
+    progress.stage(STAGE_FINISH);
     if cancel.load(Ordering::Relaxed) {
         report.partial = true;
     }
+    report.timing.peak_rss_kib = peak_rss_kib();
     write_report(&opts.out, &report)?;
     Ok(report)
+}
+
+/// VmHWM of this process.
+fn peak_rss_kib() -> u64 {
+    fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
 }
 
 /// Writes `report.json` into `dir`.

@@ -619,3 +619,47 @@ fn lost_samples_are_counted_and_marked() {
     );
     fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn leftovers_are_seen_while_running_and_gone_after() {
+    let _serial = serial();
+    if !can_run("leftovers_are_seen_while_running_and_gone_after") {
+        return;
+    }
+    let leftovers = || {
+        let o = dmaprof().args(["doctor", "--leftovers", "--json"]).output().unwrap();
+        let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+        (o.status.code(), v)
+    };
+    let (code, before) = leftovers();
+    assert_eq!(code, Some(0), "leftovers before the run: {before}");
+    let dir = tmpdir("leftovers");
+    let mut child = dmaprof()
+        .args(["run", "-b", "1G", "-v", "none_anonymous.touch", "-n", "20", "-o"])
+        .arg(&dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // While it runs, its programs, links and process are visible (the check can fail).
+    let mut seen = None;
+    for _ in 0..200 {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let (code, v) = leftovers();
+        if code == Some(1) && !v["links"].as_array().unwrap().is_empty() {
+            seen = Some(v);
+            break;
+        }
+    }
+    // SAFETY: signalling our own child process.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    let seen = seen.expect("doctor --leftovers never saw the running dmaprof's links");
+    for key in ["programs", "processes"] {
+        assert!(!seen[key].as_array().unwrap().is_empty(), "{key} not seen: {seen}");
+    }
+    assert!(matches!(status.code(), Some(143) | Some(0)), "{status}");
+    let (code, after) = leftovers();
+    assert_eq!(code, Some(0), "left behind: {after}");
+    fs::remove_dir_all(dir).unwrap();
+}

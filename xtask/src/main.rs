@@ -32,6 +32,9 @@ enum Command {
     Test(test::TestArgs),
     /// Boot the built-in QEMU test bed and run `dmaprof <args>` inside it.
     Vm(vm::VmArgs),
+    /// Measure what tracing costs (traced / untraced, per mechanism, against bpftrace), start-up
+    /// time and peak RSS; prints a markdown table and writes docs/bench.md.
+    Bench(vm::bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -42,6 +45,7 @@ fn main() -> ExitCode {
         Command::Run(args) => build::run(args),
         Command::Test(args) => test::run(args),
         Command::Vm(args) => vm::run(args),
+        Command::Bench(args) => vm::bench::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

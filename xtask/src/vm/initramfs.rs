@@ -103,6 +103,9 @@ pub struct Guest<'a> {
     pub hugepages_2m: u32,
     /// 1 GiB hugepages asked for on the kernel command line (reported by /init).
     pub hugepages_1g: u32,
+    /// Host files copied to the same absolute path in the guest (symlinks followed), e.g. a
+    /// dynamically linked tool and its libraries.
+    pub host_files: &'a [std::path::PathBuf],
 }
 
 /// Quotes `s` for the guest's sh.
@@ -201,6 +204,24 @@ pub fn write(path: &Path, g: &Guest) -> Result<()> {
     for m in g.modules {
         let name = m.file_name().unwrap_or_default().to_string_lossy();
         c.file(&format!("modules/{name}"), 0o644, &fs::read(m)?)?;
+    }
+    let mut dirs = std::collections::BTreeSet::new();
+    for f in g.host_files {
+        let rel = f.strip_prefix("/").unwrap_or(f);
+        for a in rel.ancestors().skip(1).filter(|a| !a.as_os_str().is_empty()) {
+            dirs.insert(a.to_path_buf());
+        }
+    }
+    // BTreeSet order puts a parent before its children.
+    for d in &dirs {
+        if !["bin", "dev", "modules", "proc", "sys", "tmp"].contains(&d.to_string_lossy().as_ref()) {
+            c.dir(&d.to_string_lossy())?;
+        }
+    }
+    for f in g.host_files {
+        let data = fs::read(f).with_context(|| format!("reading {}", f.display()))?;
+        let rel = f.strip_prefix("/").unwrap_or(f);
+        c.file(&rel.to_string_lossy(), 0o755, &data)?;
     }
     c.finish()?;
     Ok(())

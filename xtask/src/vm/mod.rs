@@ -8,6 +8,7 @@
 //!
 //! Everything downloaded or built lives under `$DMAPROF_CACHE` (default `~/.cache/dmaprof`).
 mod apt;
+pub mod bench;
 mod initramfs;
 mod kernel;
 mod qemu;
@@ -104,6 +105,8 @@ struct Plan<'a> {
     append: &'a str,
     timeout: Duration,
     echo: bool,
+    /// Host files to copy into the guest at the same path.
+    host_files: Vec<PathBuf>,
 }
 
 /// The guest directory dmaprof writes to: the value of `-o`/`--out` in `args`.
@@ -164,6 +167,7 @@ fn execute(plan: Plan) -> std::result::Result<qemu::Outcome, qemu::BootError> {
         out_dir,
         hugepages_2m: plan.hugepages_2m,
         hugepages_1g: plan.hugepages_1g,
+        host_files: &plan.host_files,
     };
     initramfs::write(&initrd, &guest).map_err(setup_err)?;
     let boot = qemu::Boot {
@@ -292,7 +296,8 @@ fn static_path() -> PathBuf {
 /// `cargo xtask vm`.
 pub fn run(args: VmArgs) -> Result<()> {
     if args.self_test {
-        return test();
+        // `cargo xtask vm --self-test -- <name>...` runs only the tests whose names contain one.
+        return tests::run(&args.args);
     }
     let choice = kernel::Choice::parse(&args.kernel)?;
     if args.modules.is_some() && !matches!(choice, kernel::Choice::User { .. }) {
@@ -334,6 +339,7 @@ pub fn run(args: VmArgs) -> Result<()> {
         append: &args.append,
         timeout: Duration::from_secs(args.timeout),
         echo: true,
+        host_files: Vec::new(),
     })?;
     if args.hugepages_1g > 0 {
         let got = outcome.console.iter().find_map(|l| {
@@ -403,7 +409,7 @@ pub fn run_default(args: Vec<String>) -> Result<()> {
 
 /// The VM part of `cargo xtask test`.
 pub fn test() -> Result<()> {
-    tests::run()
+    tests::run(&[])
 }
 
 #[cfg(test)]

@@ -1,0 +1,632 @@
+//! `cargo xtask bench`: what tracing costs, measured side by side. Every ratio is traced time
+//! over untraced time of the same case in the same boot, with the configurations interleaved
+//! round by round (rotating order), so drift of the machine hits them all alike. No
+//! thresholds: it prints a markdown table and writes it to `docs/bench.md`.
+//!
+//! - Guest (custom kernel, the worst case: 4 KiB anonymous memory, prefault none, one fault and
+//!   one pin per page): untraced, dmaprof per probe mechanism, and bpftrace (Debian's) with
+//!   kprobe+kretprobe latency maps on the same functions and with `profile:hz:4999`.
+//! - Host (no kprobes): sampling-only dmaprof against `bpftrace profile:hz:4999` on the
+//!   memory phases.
+//! - Start-up (process start to every probe attached) and peak RSS of a 1 GiB run.
+use std::{
+    collections::BTreeMap,
+    fmt::Write as _,
+    fs,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+use clap::Args;
+use serde_json::Value;
+
+use super::{Payload, Plan, cache_dir, execute, kernel, unpack_archive};
+use crate::{
+    build::{build_release, build_static, workspace_root},
+    setup::ensure_debian_packages,
+};
+
+/// Arguments of `cargo xtask bench`.
+#[derive(Args)]
+pub struct BenchArgs {
+    /// Interleaved rounds; each runs every configuration once.
+    #[arg(long, default_value_t = 5)]
+    rounds: u32,
+    /// Buffer size of the overhead runs (guest).
+    #[arg(long, default_value = "64M")]
+    size: String,
+    /// Buffer size of the overhead runs on the host.
+    #[arg(long, default_value = "512M")]
+    host_size: String,
+    /// Buffer size of the peak-RSS run (guest).
+    #[arg(long, default_value = "1G")]
+    rss_size: String,
+    /// Skip the guest part (only the host comparison).
+    #[arg(long)]
+    no_vm: bool,
+    /// Where the markdown goes (relative to the workspace).
+    #[arg(long, default_value = "docs/bench.md")]
+    out: PathBuf,
+}
+
+/// The case every overhead run uses in the guest: a fault and a pin per 4 KiB page.
+const GUEST_CASE: &str = "vfio_type1_iommu_anonymous.none";
+/// Host cases: faults per page (touch) and prefault inside mmap (populate).
+const HOST_CASES: &[&str] = &["none_anonymous.touch", "none_anonymous.populate"];
+/// The workload thread's comm as bpftrace sees it (16 bytes with the NUL).
+const WORKLOAD_COMM: &str = "dmaprof-workloa";
+
+/// One configuration: a name and how the shell runs it.
+#[derive(Clone, Copy)]
+struct Config {
+    name: &'static str,
+    what: &'static str,
+    /// dmaprof options, or None for the bpftrace ones (dmaprof runs with --no-trace then).
+    dmaprof: Option<&'static str>,
+    /// bpftrace script file in the guest or on the host.
+    bpftrace: Option<&'static str>,
+}
+
+const GUEST_CONFIGS: &[Config] = &[
+    Config {
+        name: "untraced",
+        what: "dmaprof --no-trace (wall clock only)",
+        dmaprof: Some("--no-trace"),
+        bpftrace: None,
+    },
+    Config {
+        name: "samples",
+        what: "dmaprof --probes samples (perf_event stacks at 4999 Hz)",
+        dmaprof: Some("--probes samples"),
+        bpftrace: None,
+    },
+    Config {
+        name: "samples_tp",
+        what: "dmaprof --probes samples,tracepoints",
+        dmaprof: Some("--probes samples,tracepoints"),
+        bpftrace: None,
+    },
+    Config {
+        name: "default",
+        what: "dmaprof default: samples, tracepoints, kprobe+kretprobe on every probe-table row",
+        dmaprof: Some(""),
+        bpftrace: None,
+    },
+    Config {
+        name: "kprobes",
+        what: "dmaprof --probes kprobes (exact accounting only)",
+        dmaprof: Some("--probes kprobes"),
+        bpftrace: None,
+    },
+    Config {
+        name: "bt_kprobes",
+        what: "bpftrace kprobe+kretprobe latency sums on the same functions",
+        dmaprof: None,
+        bpftrace: Some("/tmp/kprobes.bt"),
+    },
+    Config {
+        name: "bt_profile",
+        what: "bpftrace profile:hz:4999 kernel stacks",
+        dmaprof: None,
+        bpftrace: Some("/tmp/profile.bt"),
+    },
+];
+
+const HOST_CONFIGS: &[Config] = &[
+    GUEST_CONFIGS[0],
+    GUEST_CONFIGS[1],
+    GUEST_CONFIGS[2],
+    Config {
+        name: "bt_profile",
+        what: "bpftrace profile:hz:4999 kernel stacks",
+        dmaprof: None,
+        bpftrace: Some("profile"),
+    },
+];
+
+/// `profile:hz:4999` on the workload thread, kernel stacks counted (what dmaprof's sampling does).
+fn profile_script() -> String {
+    format!(
+        "BEGIN {{ printf(\"READY\\n\"); }}\nprofile:hz:4999 /comm == \"{WORKLOAD_COMM}\"/ {{ @[kstack] = count(); }}\n"
+    )
+}
+
+/// kprobe+kretprobe latency sums and call counts on `functions` for the workload thread.
+fn kprobes_script(functions: &[String]) -> String {
+    let mut s = String::from("BEGIN { printf(\"READY\\n\"); }\n");
+    for f in functions {
+        let _ = writeln!(
+            s,
+            "kprobe:{f} /comm == \"{WORKLOAD_COMM}\"/ {{ @ts[tid, \"{f}\"] = nsecs; }}\n\
+             kretprobe:{f} /@ts[tid, \"{f}\"]/ {{ @ns[\"{f}\"] = sum(nsecs - @ts[tid, \"{f}\"]); \
+             @calls[\"{f}\"] = count(); delete(@ts[tid, \"{f}\"]); }}"
+        );
+    }
+    s
+}
+
+/// `cargo xtask bench`.
+pub fn run(args: BenchArgs) -> Result<()> {
+    ensure_debian_packages("bpftrace, the peer dmaprof is compared with", &["bpftrace"])?;
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "# dmaprof benchmarks\n\nTaken by `cargo xtask bench` on {} ({} rounds, configurations interleaved in \
+         rotating order; ratios are traced / untraced of the same round, median [min-max] over rounds).\n",
+        super::timestamp(),
+        args.rounds
+    );
+    if args.no_vm {
+        md += "Guest part skipped (--no-vm).\n\n";
+    } else {
+        md += &guest(&args)?;
+    }
+    md += &host(&args)?;
+    let path = workspace_root().join(&args.out);
+    if let Some(dir) = path.parent() {
+        fs::create_dir_all(dir)?;
+    }
+    fs::write(&path, &md).with_context(|| format!("writing {}", path.display()))?;
+    println!("{md}");
+    eprintln!("xtask: bench written to {}", path.display());
+    Ok(())
+}
+
+/// "1G", "512M", "64K" in KiB (the bench's own size options).
+fn size_kib(s: &str) -> Option<u64> {
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = num.parse().ok()?;
+    let shift = match unit.to_ascii_uppercase().as_str() {
+        "K" => 0,
+        "M" => 10,
+        "G" => 20,
+        _ => return None,
+    };
+    Some(n << shift)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// "1.23 [1.10-1.40]".
+fn spread(v: &[f64]) -> String {
+    if v.is_empty() {
+        return "n/a".into();
+    }
+    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    format!("{:.3} [{lo:.3}-{hi:.3}]", median(v.to_vec()))
+}
+
+/// Median wall time (ns) of `phase` of `case` in a report.
+fn phase_ns(report: &Value, case: &str, phase: &str) -> Option<f64> {
+    report["cases"].as_array()?.iter().find(|c| c["name"] == case)?["phases"]
+        .as_array()?
+        .iter()
+        .find(|p| p["name"] == phase)?["wall_ns"]["median"]
+        .as_f64()
+}
+
+/// Per config: per round, the report.
+type Results = BTreeMap<&'static str, BTreeMap<u32, Value>>;
+
+/// The overhead table for `phases` of `case`.
+fn overhead_table(results: &Results, configs: &[Config], case: &str, phases: &[&str]) -> String {
+    let mut s = String::new();
+    let _ = write!(s, "| configuration |");
+    for p in phases {
+        let _ = write!(s, " {p} ms | {p} ratio |");
+    }
+    s += "\n|---|";
+    s += &"---|---|".repeat(phases.len());
+    s += "\n";
+    let base = results.get("untraced");
+    for c in configs {
+        let Some(runs) = results.get(c.name) else { continue };
+        let _ = write!(s, "| {} ({}) |", c.name, c.what);
+        for p in phases {
+            let ms: Vec<f64> = runs
+                .values()
+                .filter_map(|r| phase_ns(r, case, p))
+                .map(|n| n / 1e6)
+                .collect();
+            let ratios: Vec<f64> = runs
+                .iter()
+                .filter_map(|(round, r)| {
+                    let b = phase_ns(base?.get(round)?, case, p)?;
+                    Some(phase_ns(r, case, p)? / b)
+                })
+                .collect();
+            let _ = write!(s, " {:.2} | {} |", median(ms), spread(&ratios));
+        }
+        s += "\n";
+    }
+    s
+}
+
+/// Boots the custom kernel twice: once to learn which probe functions exist, once for the bench.
+fn guest(args: &BenchArgs) -> Result<String> {
+    kernel::ensure_vm_packages()?;
+    let cache = cache_dir()?;
+    let custom = kernel::prepare(&kernel::Choice::Custom, None, &cache)?;
+    let dmaprof = build_static()?;
+    let scratch = cache.join("bench");
+    let _ = fs::remove_dir_all(&scratch);
+
+    // Boot 1: dmaprof's probe table as this kernel resolves it; bpftrace gets the same functions.
+    eprintln!("xtask: bench: which probe functions attach on the custom kernel");
+    let discover = scratch.join("discover");
+    boot(
+        &custom,
+        &dmaprof,
+        Vec::new(),
+        format!("/bin/dmaprof run --json -b 4M -v {GUEST_CASE} -n 1 -o /tmp/o > /out/report.json 2> /out/stderr.txt"),
+        "2G",
+        &discover,
+    )?;
+    let report: Value = serde_json::from_str(&fs::read_to_string(discover.join("report.json"))?)
+        .context("discovery run: report.json")?;
+    let functions: Vec<String> = report["probes"]
+        .as_array()
+        .map(|p| {
+            p.iter()
+                .filter(|p| p["mechanism"] == "kprobe" && p["attached"] == true)
+                .filter_map(|p| p["function"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    let fentry = report["capabilities"]["fentry"].clone();
+
+    // Boot 2: every configuration, interleaved; bpftrace and its libraries ride in the initramfs.
+    let host_files = bpftrace_files()?;
+    let mut script = format!(
+        "cat > /tmp/kprobes.bt <<'EOF'\n{}EOF\ncat > /tmp/profile.bt <<'EOF'\n{}EOF\n",
+        kprobes_script(&functions),
+        profile_script()
+    );
+    let _ = write!(
+        script,
+        r#"up() {{ cut -d' ' -f1 /proc/uptime | tr -d .; }}
+B="/bin/dmaprof run --json -b {size} -v {GUEST_CASE} -n 3"
+one() {{ # name round dmaprof-options
+  $B $3 -o /tmp/o > /dev/null 2> /tmp/err || echo "E $1 $2 $? $(tail -1 /tmp/err)"
+  cp /tmp/o/report.json /out/$1-$2.json; rm -rf /tmp/o
+}}
+bt() {{ # name round script
+  t0=$(up); bpftrace $3 > /tmp/bt.out 2>&1 & bp=$!
+  while ! grep -q READY /tmp/bt.out; do kill -0 $bp 2>/dev/null || break; usleep 50000; done
+  if kill -0 $bp 2>/dev/null; then
+    echo "T $1 $2 $(( ($(up) - t0) * 10 ))"
+    one $1 $2 --no-trace
+    kill -INT $bp; wait $bp
+  else
+    echo "F $1 $2 $(head -c 300 /tmp/bt.out | tr '\n' ' ')"
+  fi
+  cp /tmp/bt.out /out/$1-$2.bt
+}}
+"#,
+        size = args.size
+    );
+    let names: Vec<&str> = GUEST_CONFIGS.iter().map(|c| c.name).collect();
+    for round in 0..args.rounds {
+        // Rotate the order each round so no configuration always runs first.
+        let k = round as usize % names.len();
+        for c in names[k..].iter().chain(&names[..k]) {
+            let c = GUEST_CONFIGS.iter().find(|x| x.name == *c).expect("listed");
+            match (c.dmaprof, c.bpftrace) {
+                (Some(opts), _) => {
+                    let _ = writeln!(script, "one {} {round} '{opts}'", c.name);
+                }
+                (None, Some(file)) => {
+                    let _ = writeln!(script, "bt {} {round} {file}", c.name);
+                }
+                (None, None) => unreachable!("a configuration runs something"),
+            }
+        }
+    }
+    let _ = writeln!(
+        script,
+        "/bin/dmaprof run --json -b {} -v vfio_type1_iommu_anonymous.populate -n 1 -o /tmp/o > /dev/null 2> /tmp/err \
+         || echo \"E rss 0 $? $(tail -1 /tmp/err)\"; cp /tmp/o/report.json /out/rss.json",
+        args.rss_size
+    );
+    eprintln!(
+        "xtask: bench: {} rounds x {} configurations in one boot (TCG: this takes a while)",
+        args.rounds,
+        GUEST_CONFIGS.len()
+    );
+    let dir = scratch.join("guest");
+    let console = boot(&custom, &dmaprof, host_files, script, "4G", &dir)?;
+
+    let mut results: Results = BTreeMap::new();
+    for c in GUEST_CONFIGS {
+        for round in 0..args.rounds {
+            if let Ok(text) = fs::read_to_string(dir.join(format!("{}-{round}.json", c.name))) {
+                if let Ok(v) = serde_json::from_str(&text) {
+                    results.entry(c.name).or_default().insert(round, v);
+                }
+            }
+        }
+    }
+    let marker = |m: &str| -> Vec<Vec<String>> {
+        console
+            .iter()
+            .filter(|l| l.starts_with(&format!("{m} ")))
+            .map(|l| l.split_whitespace().map(str::to_owned).collect())
+            .collect()
+    };
+    let mut md = String::new();
+    let release = report["kernel"]["release"].as_str().unwrap_or("?");
+    let _ = writeln!(
+        md,
+        "## Tracing overhead in the guest\n\nCustom kernel {release} under QEMU TCG (no KVM here: every \
+         instruction is emulated, so absolute times are slow and kprobe traps cost more than on hardware). \
+         Case `{GUEST_CASE}`, {} per map, 3 iterations per run. dmaprof attached kprobe+kretprobe on {} functions; \
+         bpftrace 0.17 (Debian) got the same list.\n",
+        args.size,
+        functions.len()
+    );
+    md += &overhead_table(&results, GUEST_CONFIGS, GUEST_CASE, &["map", "unmap", "mmap"]);
+    let _ = writeln!(
+        md,
+        "\nMechanisms: kprobe only. fentry/fexit for the probe table is not implemented (doctor on this kernel: \
+         fentry {}), so there is no fentry column.\n",
+        match fentry["ok"].as_bool() {
+            Some(true) => "loads",
+            Some(false) => "does not load",
+            None => "unknown",
+        }
+    );
+    for f in marker("F") {
+        let _ = writeln!(md, "- bpftrace {} failed in round {}: {}", f[1], f[2], f[3..].join(" "));
+    }
+    for e in marker("E") {
+        let _ = writeln!(
+            md,
+            "- dmaprof run {} round {} exited {}: {}",
+            e[1],
+            e[2],
+            e[3],
+            e[4..].join(" ")
+        );
+    }
+
+    // Start-up and memory.
+    let starts: Vec<(f64, f64, f64)> = results
+        .get("default")
+        .map(|r| {
+            r.values()
+                .map(|r| {
+                    let t = &r["timing"];
+                    let f = |k: &str| t[k].as_f64().unwrap_or(f64::NAN) / 1e6;
+                    (f("start_to_attached_ns"), f("reference_ns"), f("attach_ns"))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let bt_ready: BTreeMap<String, Vec<f64>> = marker("T").into_iter().fold(BTreeMap::new(), |mut m, t| {
+        if let Some(ms) = t.get(3).and_then(|v| v.parse().ok()) {
+            m.entry(t[1].clone()).or_default().push(ms);
+        }
+        m
+    });
+    let _ = writeln!(
+        md,
+        "\n## Start-up (guest)\n\n| tool | time to all probes attached (ms, median) |\n|---|---|\n\
+         | dmaprof default, process start to attached, minus the untraced reference workload | {:.0} |\n\
+         | dmaprof: loading the BPF object and attaching ({} kprobes + kretprobes, tracepoints, sampler) | {:.0} |",
+        median(starts.iter().map(|(s, r, _)| s - r).collect()),
+        functions.len(),
+        median(starts.iter().map(|(_, _, a)| *a).collect())
+    );
+    for (name, ms) in &bt_ready {
+        let _ = writeln!(
+            md,
+            "| {name}: start to BEGIN (compiles with LLVM, attaches) | {:.0} |",
+            median(ms.clone())
+        );
+    }
+    let rss = fs::read_to_string(dir.join("rss.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<Value>(&t).ok());
+    match rss.as_ref().and_then(|r| r["timing"]["peak_rss_kib"].as_u64()) {
+        Some(kib) => {
+            let buffer_kib = size_kib(&args.rss_size).unwrap_or(0);
+            let _ = writeln!(
+                md,
+                "\n## Memory\n\nPeak RSS (VmHWM) of dmaprof during a {} `vfio_type1_iommu_anonymous.populate` run \
+                 (all probes): {:.1} MiB, of which the populated workload buffer is {:.1} MiB: dmaprof's own \
+                 peak is about {:.1} MiB.\n",
+                args.rss_size,
+                kib as f64 / 1024.0,
+                buffer_kib as f64 / 1024.0,
+                kib.saturating_sub(buffer_kib) as f64 / 1024.0
+            );
+        }
+        None => md += "\n## Memory\n\nThe 1 GiB run produced no report (see the console above).\n",
+    }
+    Ok(md)
+}
+
+/// Boots `kernel` with `script` and returns the console; the guest's /out lands in `dir`.
+fn boot(
+    kernel: &kernel::Kernel,
+    dmaprof: &Path,
+    host_files: Vec<PathBuf>,
+    script: String,
+    mem: &str,
+    dir: &Path,
+) -> Result<Vec<String>> {
+    let plan = Plan {
+        kernel,
+        dmaprof: Some(dmaprof),
+        payload: Payload::Shell(script),
+        mem,
+        smp: 2,
+        hugepages_1g: 0,
+        hugepages_2m: 0,
+        append: "",
+        timeout: Duration::from_secs(3600),
+        echo: false,
+        host_files,
+    };
+    let outcome = execute(plan).map_err(|e| anyhow::anyhow!(e.message))?;
+    if let Some(archive) = &outcome.archive {
+        unpack_archive(archive, dir)?;
+    }
+    if outcome.exit_status != 0 {
+        bail!("bench guest exited with {}", outcome.exit_status);
+    }
+    Ok(outcome.console)
+}
+
+/// /usr/bin/bpftrace, the shared libraries `ldd` lists for it and the dynamic loader.
+fn bpftrace_files() -> Result<Vec<PathBuf>> {
+    let bpftrace = PathBuf::from("/usr/bin/bpftrace");
+    let out = Command::new("ldd").arg(&bpftrace).output().context("running ldd")?;
+    let mut files = vec![bpftrace];
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        // "libx.so.1 => /lib/x86_64-linux-gnu/libx.so.1 (0x...)" or "/lib64/ld-linux-x86-64.so.2 (0x...)".
+        let path = line
+            .split("=>")
+            .nth(1)
+            .unwrap_or(line)
+            .split_whitespace()
+            .next()
+            .unwrap_or_default();
+        if path.starts_with('/') {
+            files.push(PathBuf::from(path));
+        }
+    }
+    Ok(files)
+}
+
+/// Host part: sampling-only dmaprof against `bpftrace profile:hz:4999` (the host has no kprobes).
+fn host(args: &BenchArgs) -> Result<String> {
+    let dmaprof = build_release()?;
+    let dir = cache_dir()?.join("bench/host");
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir)?;
+    let script = dir.join("profile.bt");
+    fs::write(&script, profile_script())?;
+    let mut results: Results = BTreeMap::new();
+    let mut bt_ready = Vec::new();
+    let mut notes = Vec::new();
+    let variants: Vec<String> = HOST_CASES.iter().map(|c| format!("-v{c}")).collect();
+    for round in 0..args.rounds {
+        let k = round as usize % HOST_CONFIGS.len();
+        for c in HOST_CONFIGS[k..].iter().chain(&HOST_CONFIGS[..k]) {
+            let out = dir.join(format!("{}-{round}", c.name));
+            let mut cmd = Command::new(&dmaprof);
+            cmd.args(["run", "--json", "-b", &args.host_size, "-n", "3"])
+                .args(&variants)
+                .arg("-o")
+                .arg(&out)
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped());
+            let mut tracer = None;
+            match c.dmaprof {
+                Some(opts) => {
+                    cmd.args(opts.split_whitespace());
+                }
+                None => {
+                    cmd.arg("--no-trace");
+                    let log = dir.join(format!("{}-{round}.bt", c.name));
+                    let started = Instant::now();
+                    let mut child = Command::new("bpftrace")
+                        .arg(&script)
+                        .stdout(fs::File::create(&log)?)
+                        .stderr(Stdio::null())
+                        .spawn()
+                        .context("starting bpftrace")?;
+                    loop {
+                        if fs::read_to_string(&log).is_ok_and(|t| t.contains("READY")) {
+                            bt_ready.push(started.elapsed().as_secs_f64() * 1e3);
+                            break;
+                        }
+                        if child.try_wait()?.is_some() || started.elapsed() > Duration::from_secs(120) {
+                            notes.push(format!(
+                                "bpftrace did not start in round {round}: {}",
+                                fs::read_to_string(&log).unwrap_or_default().trim()
+                            ));
+                            break;
+                        }
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    tracer = Some(child);
+                }
+            }
+            let o = cmd.output().context("running dmaprof")?;
+            if let Some(mut t) = tracer {
+                // SAFETY: signalling our own child process.
+                unsafe { libc::kill(t.id() as i32, libc::SIGINT) };
+                let _ = t.wait();
+            }
+            if !o.status.success() {
+                notes.push(format!(
+                    "{} round {round}: dmaprof exited {}: {}",
+                    c.name,
+                    o.status,
+                    String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or_default()
+                ));
+                continue;
+            }
+            let v: Value = serde_json::from_str(&fs::read_to_string(out.join("report.json"))?)?;
+            results.entry(c.name).or_default().insert(round, v);
+        }
+    }
+    let release = results
+        .values()
+        .flat_map(|r| r.values())
+        .find_map(|r| r["kernel"]["release"].as_str().map(str::to_owned))
+        .unwrap_or_default();
+    let mut md = format!(
+        "\n## Sampling overhead on the host\n\nLinux {release} (this machine: no kprobes, so bpftrace is compared on \
+         sampling only), {} per case, 3 iterations per run.\n",
+        args.host_size
+    );
+    for case in HOST_CASES {
+        let _ = writeln!(md, "\n`{case}`:\n");
+        let phases: &[&str] = if case.ends_with(".touch") {
+            &["mmap", "touch", "munmap"]
+        } else {
+            &["mmap", "munmap"]
+        };
+        md += &overhead_table(&results, HOST_CONFIGS, case, phases);
+    }
+    let starts: Vec<f64> = results
+        .get("samples")
+        .map(|r| {
+            r.values()
+                .map(|r| {
+                    let t = &r["timing"];
+                    (t["start_to_attached_ns"].as_f64().unwrap_or(f64::NAN) - t["reference_ns"].as_f64().unwrap_or(0.0))
+                        / 1e6
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let _ = writeln!(
+        md,
+        "\nStart-up on the host: dmaprof (samples) {:.0} ms from process start to attached (minus the untraced \
+         reference), bpftrace {:.0} ms to BEGIN (medians).",
+        median(starts),
+        median(bt_ready)
+    );
+    for n in notes {
+        let _ = writeln!(md, "- {n}");
+    }
+    Ok(md)
+}
