@@ -13,6 +13,9 @@ pub const MAX_CALL_DEPTH: u32 = 16;
 /// Rows of the probe table the BPF side can account (user space declares the table).
 pub const MAX_ROWS: u32 = 64;
 
+/// fentry/fexit program pairs (`row_fentry_<i>`, `row_fexit_<i>`) for vmlinux rows.
+pub const FENTRY_SLOTS: u32 = 24;
+
 /// Entries in the stack-trace map (distinct stacks per case, kernel and user).
 pub const STACK_MAP_ENTRIES: u32 = 16_384;
 
@@ -67,6 +70,10 @@ pub mod programs {
     pub const ROW_ENTRY: &str = "row_entry";
     /// Kretprobe on every probed function's return.
     pub const ROW_EXIT: &str = "row_exit";
+    /// Prefix of the fentry slot programs (`row_fentry_0` ...).
+    pub const ROW_FENTRY_PREFIX: &str = "row_fentry_";
+    /// Prefix of the fexit slot programs (`row_fexit_0` ...).
+    pub const ROW_FEXIT_PREFIX: &str = "row_fexit_";
     /// Do-nothing kprobe used by `doctor` to find out whether kprobes attach at all.
     pub const PROBE_KPROBE: &str = "probe_kprobe";
     /// Do-nothing fentry program used by `doctor` to find out whether fentry loads.

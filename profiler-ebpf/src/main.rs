@@ -6,11 +6,12 @@
 use aya_ebpf::{
     EbpfContext as _,
     bindings::BPF_NOEXIST,
+    helpers::generated::bpf_get_func_arg,
     helpers::{bpf_get_current_pid_tgid, bpf_get_func_ip, bpf_ktime_get_ns},
-    macros::{fentry, kprobe, kretprobe, map, perf_event, raw_tracepoint},
+    macros::{fentry, fexit, kprobe, kretprobe, map, perf_event, raw_tracepoint},
     maps::{Array, HashMap, StackTrace},
     programs::{
-        FEntryContext, PerfEventContext, ProbeContext, RawTracePointContext, RetProbeContext,
+        FEntryContext, FExitContext, PerfEventContext, ProbeContext, RawTracePointContext, RetProbeContext,
         tracing::StackIdContext as _,
     },
 };
@@ -211,11 +212,64 @@ fn read_arg(ctx: &ProbeContext, n: i32) -> u64 {
 /// Entry of any probed function: push a frame for its row.
 #[kprobe]
 pub fn row_entry(ctx: ProbeContext) -> u32 {
+    // SAFETY: bpf_get_func_ip is allowed in kprobe programs (5.15+) and reads only ctx.
+    let ip = unsafe { bpf_get_func_ip(ctx.as_ptr()) };
+    enter(ip, |n| read_arg(&ctx, n))
+}
+
+/// Return of any probed function: pop its frame, account inclusive and exclusive time.
+#[kretprobe]
+pub fn row_exit(_ctx: RetProbeContext) -> u32 {
+    leave()
+}
+
+/// Argument `n` of an fentry program's function, or 0 past its last argument (checked by the
+/// helper at run time; a direct context read past the prototype would be refused at load).
+#[inline(always)]
+fn func_arg(ctx: &FEntryContext, n: i32) -> u64 {
+    let mut v = 0u64;
+    if n >= 0 {
+        // SAFETY: bpf_get_func_arg (5.17+) writes one u64 through a valid stack pointer.
+        unsafe { bpf_get_func_arg(ctx.as_ptr(), n as u32, &mut v) };
+    }
+    v
+}
+
+/// fentry/fexit pairs for probe-table rows in vmlinux: BTF binds each program to one function
+/// at load time, so there is one pair per slot (user space loads only the slots it uses).
+macro_rules! fentry_slots {
+    ($($entry:ident $exit:ident)*) => {$(
+        #[fentry]
+        pub fn $entry(ctx: FEntryContext) -> u32 {
+            // SAFETY: bpf_get_func_ip is allowed in tracing programs and reads only ctx.
+            let ip = unsafe { bpf_get_func_ip(ctx.as_ptr()) };
+            enter(ip, |n| func_arg(&ctx, n))
+        }
+
+        #[fexit]
+        pub fn $exit(_ctx: FExitContext) -> u32 {
+            leave()
+        }
+    )*};
+}
+
+fentry_slots! {
+    row_fentry_0 row_fexit_0 row_fentry_1 row_fexit_1 row_fentry_2 row_fexit_2
+    row_fentry_3 row_fexit_3 row_fentry_4 row_fexit_4 row_fentry_5 row_fexit_5
+    row_fentry_6 row_fexit_6 row_fentry_7 row_fexit_7 row_fentry_8 row_fexit_8
+    row_fentry_9 row_fexit_9 row_fentry_10 row_fexit_10 row_fentry_11 row_fexit_11
+    row_fentry_12 row_fexit_12 row_fentry_13 row_fexit_13 row_fentry_14 row_fexit_14
+    row_fentry_15 row_fexit_15 row_fentry_16 row_fexit_16 row_fentry_17 row_fexit_17
+    row_fentry_18 row_fexit_18 row_fentry_19 row_fexit_19 row_fentry_20 row_fexit_20
+    row_fentry_21 row_fexit_21 row_fentry_22 row_fexit_22 row_fentry_23 row_fexit_23
+}
+
+/// Pushes a frame for the row of the function at `ip`; `arg(n)` reads its argument n.
+#[inline(always)]
+fn enter(ip: u64, arg: impl FnOnce(i32) -> u64) -> u32 {
     let Some(phase) = recording_phase() else {
         return 0;
     };
-    // SAFETY: bpf_get_func_ip is allowed in kprobe programs (5.15+) and reads only ctx.
-    let ip = unsafe { bpf_get_func_ip(ctx.as_ptr()) };
     // SAFETY: the value is copied out before any other map operation.
     let Some(cfg) = (unsafe { ROW_BY_IP.get(&ip) }).copied() else {
         return 0;
@@ -223,7 +277,7 @@ pub fn row_entry(ctx: ProbeContext) -> u32 {
     if cfg.row >= MAX_ROWS {
         return 0;
     }
-    let amount = read_arg(&ctx, cfg.amount_arg);
+    let amount = arg(cfg.amount_arg);
     let (Some(depth), Some(c)) = (CALL_DEPTH.get_ptr_mut(0), counters(phase)) else {
         return 0;
     };
@@ -250,9 +304,9 @@ pub fn row_entry(ctx: ProbeContext) -> u32 {
     0
 }
 
-/// Return of any probed function: pop its frame, account inclusive and exclusive time.
-#[kretprobe]
-pub fn row_exit(_ctx: RetProbeContext) -> u32 {
+/// Pops the innermost frame and accounts its inclusive and exclusive time.
+#[inline(always)]
+fn leave() -> u32 {
     let Some(phase) = recording_phase() else {
         return 0;
     };

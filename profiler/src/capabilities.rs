@@ -181,12 +181,25 @@ pub fn kernel_features() -> Vec<crate::report::KernelFeature> {
 
 /// Probes the host. Every check is independent: one failing never hides another.
 pub fn probe_host() -> Doctor {
+    probe(true)
+}
+
+/// What `run` needs to plan the cases: the DMA interfaces, without the BTF and BPF trials
+/// (`run` finds out what attaches when it attaches, and reports that per probe). Under TCG this
+/// saves seconds of start-up.
+pub fn probe_for_run() -> Doctor {
+    probe(false)
+}
+
+fn probe(bpf: bool) -> Doctor {
     let mut c = BTreeMap::new();
     c.insert("privileges".into(), privileges());
-    c.insert("btf_vmlinux".into(), btf_vmlinux());
-    c.insert("btf_modules".into(), btf_modules());
-    for (name, result) in bpf_checks() {
-        c.insert(name.into(), result);
+    if bpf {
+        c.insert("btf_vmlinux".into(), btf_vmlinux());
+        c.insert("btf_modules".into(), btf_modules());
+        for (name, result) in bpf_checks() {
+            c.insert(name.into(), result);
+        }
     }
     c.insert("vfio_type1".into(), vfio_type1());
     let (iommufd, map_file) = iommufd_checks();
@@ -629,7 +642,11 @@ pub fn leftovers() -> Leftovers {
 fn leftovers_now() -> Leftovers {
     use aya::{maps::MapInfo, programs::loaded_links, programs::loaded_programs};
     let ours = |p: &aya::programs::ProgramInfo| {
-        let named = p.name_as_str().is_some_and(|n| abi::programs::ALL.contains(&n));
+        let named = p.name_as_str().is_some_and(|n| {
+            abi::programs::ALL.contains(&n)
+                || n.starts_with(abi::programs::ROW_FENTRY_PREFIX)
+                || n.starts_with(abi::programs::ROW_FEXIT_PREFIX)
+        });
         // A name alone could be anyone's `sys_enter`; our programs also use our maps.
         let our_maps = p.map_ids().ok().flatten().unwrap_or_default().into_iter().any(|id| {
             MapInfo::from_id(id)

@@ -105,7 +105,7 @@ struct RunArgs {
     #[arg(
         long = "probes",
         value_delimiter = ',',
-        default_value = "samples,tracepoints,kprobes"
+        default_value = "samples,tracepoints,fentry,kprobes"
     )]
     mechanisms: Vec<profiler::probes::Mechanism>,
     /// Testing: entries of the sampled-stack map (a tiny map forces lost samples).
@@ -212,6 +212,18 @@ fn main() -> ExitCode {
     }
 }
 
+/// Directories made for `--out`, removed again when the run ends if they are still empty: a run
+/// that fails before writing anything leaves nothing behind.
+struct CreatedDirs(Vec<PathBuf>);
+
+impl Drop for CreatedDirs {
+    fn drop(&mut self) {
+        for d in &self.0 {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
 /// Seconds since the epoch as `YYYYMMDD-HHMMSS` (UTC).
 fn timestamp() -> String {
     let secs = std::time::SystemTime::now()
@@ -311,6 +323,14 @@ fn run_command(args: RunArgs) -> anyhow::Result<ExitCode> {
     if opts.out.exists() && !opts.out.is_dir() {
         return Err(RunError::Usage(format!("--out {} exists and is not a directory", opts.out.display())).into());
     }
+    // Leaf first, so dropping removes children before parents.
+    let _created = CreatedDirs(
+        opts.out
+            .ancestors()
+            .take_while(|a| !a.exists() && !a.as_os_str().is_empty())
+            .map(Into::into)
+            .collect(),
+    );
     let missing = capabilities::missing_caps();
     if !missing.is_empty() {
         return Err(RunError::Usage(format!(
@@ -324,7 +344,15 @@ fn run_command(args: RunArgs) -> anyhow::Result<ExitCode> {
         ))
         .into());
     }
-    let doctor = capabilities::probe_host();
+    // Find an unwritable --out before anything runs (and leave no directory behind on error).
+    if let Err(e) = std::fs::create_dir_all(&opts.out) {
+        return Err(RunError::Usage(format!(
+            "cannot create --out {}: {e}: choose a writable directory",
+            opts.out.display()
+        ))
+        .into());
+    }
+    let doctor = capabilities::probe_for_run();
     let plan = run::plan(&opts, &doctor)?;
     let _lock = run::lock_instance()?;
     let device = match &opts.device {

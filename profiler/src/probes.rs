@@ -209,13 +209,21 @@ pub enum Mechanism {
     Samples,
     /// Raw tracepoints: syscall entry/exit and user page faults (counts, syscall time).
     Tracepoints,
-    /// kprobe + kretprobe on every probe-table row (exact entry/exit accounting).
+    /// fentry + fexit on probe-table rows in vmlinux (exact entry/exit accounting; module
+    /// functions need `kprobes`).
+    Fentry,
+    /// kprobe + kretprobe on probe-table rows (every row, or those fentry did not take).
     Kprobes,
 }
 
 impl Mechanism {
-    /// All of them, the default.
-    pub const ALL: [Mechanism; 3] = [Mechanism::Samples, Mechanism::Tracepoints, Mechanism::Kprobes];
+    /// All of them, the default: rows get fentry where it works, kprobes elsewhere.
+    pub const ALL: [Mechanism; 4] = [
+        Mechanism::Samples,
+        Mechanism::Tracepoints,
+        Mechanism::Fentry,
+        Mechanism::Kprobes,
+    ];
 }
 
 /// Loads the object with the workload thread's id and the bpf() syscall number filled in.
@@ -291,7 +299,12 @@ pub fn one_line(e: &dyn std::fmt::Display) -> String {
         .or(lines.last())
         .copied()
         .unwrap_or("");
-    format!("{} verifier: {reason}", head.trim().trim_end_matches('.'))
+    let head = head.trim().trim_end_matches('.');
+    if reason.is_empty() {
+        head.to_owned()
+    } else {
+        format!("{head} verifier: {reason}")
+    }
 }
 
 /// Whether this kernel has kprobes at all (the kprobe PMU or the legacy tracefs interface).
@@ -299,58 +312,76 @@ pub fn kprobes_available() -> bool {
     std::path::Path::new("/sys/bus/event_source/devices/kprobe/type").exists()
 }
 
-/// Attaches the row programs to every probe-table function this kernel has.
-/// Returns the attached row indices and one status line per row.
-fn attach_rows(ebpf: &mut Ebpf, symbols: Option<&KernelSymbols>) -> (Vec<usize>, Vec<ProbeStatus>) {
+/// Attaches the row programs to every probe-table function this kernel has: with `fentry`,
+/// vmlinux functions get an fentry/fexit pair (cheaper than a kprobe pair: a direct call into a
+/// BPF trampoline); with `kprobes`, every other row (module functions, compiler clones, or
+/// when fentry is refused) gets a kprobe/kretprobe. Returns the attached row indices and one
+/// status line per row.
+fn attach_rows(
+    ebpf: &mut Ebpf,
+    symbols: Option<&KernelSymbols>,
+    kprobes: bool,
+    fentry: bool,
+) -> (Vec<usize>, Vec<ProbeStatus>) {
     let mut attached = Vec::new();
     let mut status = Vec::new();
-    let not = |row: &ProbeRow, why: String| ProbeStatus {
+    let not = |row: &ProbeRow, mechanism: &'static str, why: String| ProbeStatus {
         function: row.function.to_owned(),
-        mechanism: "kprobe",
+        mechanism,
         attached: false,
         error: Some(why),
     };
-    let setup = (|| -> Result<(), String> {
-        if !kprobes_available() {
-            return Err("kernel has no kprobes (CONFIG_KPROBES off) and dmaprof does not use fentry for the probe table yet: run in `cargo xtask vm`".into());
+    let wanted = if fentry { "fentry" } else { "kprobe" };
+    let symbols = match symbols {
+        Some(s) if s.usable() => s,
+        Some(_) => {
+            let why = "/proc/kallsyms addresses are hidden (kptr_restrict): run as root";
+            status.extend(PROBE_TABLE.iter().map(|r| not(r, wanted, why.into())));
+            return (attached, status);
         }
-        let symbols = symbols.ok_or("kernel symbols unreadable (/proc/kallsyms)")?;
-        if !symbols.usable() {
-            return Err("/proc/kallsyms addresses are hidden (kptr_restrict): run as root".into());
+        None => {
+            let why = "kernel symbols unreadable (/proc/kallsyms)";
+            status.extend(PROBE_TABLE.iter().map(|r| not(r, wanted, why.into())));
+            return (attached, status);
         }
-        let entry: &mut KProbe = ebpf
-            .program_mut(abi::programs::ROW_ENTRY)
-            .ok_or("row_entry missing")?
-            .try_into()
-            .map_err(|e| format!("{e}"))?;
-        entry.load().map_err(|e| format!("load row_entry: {}", one_line(&e)))?;
-        let exit: &mut KProbe = ebpf
-            .program_mut(abi::programs::ROW_EXIT)
-            .ok_or("row_exit missing")?
-            .try_into()
-            .map_err(|e| format!("{e}"))?;
-        exit.load().map_err(|e| format!("load row_exit: {}", one_line(&e)))?;
-        Ok(())
-    })();
-    if let Err(why) = setup {
-        status.extend(PROBE_TABLE.iter().map(|r| not(r, why.clone())));
-        return (attached, status);
-    }
-    let symbols = symbols.expect("checked above");
+    };
+    // Why kprobes cannot be used (None: they can), found once.
+    let kprobe_block: Option<String> = if !kprobes {
+        Some("kprobes not requested (--probes)".into())
+    } else if !kprobes_available() {
+        Some(
+            "kernel has no kprobes (CONFIG_KPROBES off); fentry covers only vmlinux functions: run in `cargo xtask vm`"
+                .into(),
+        )
+    } else {
+        load_kprobe_pair(ebpf).err()
+    };
+    // Why fentry cannot be used any more (the first refused load says it for all).
+    let btf = if fentry { aya::Btf::from_sys_fs().ok() } else { None };
+    let mut fentry_block: Option<String> = match (fentry, &btf) {
+        (false, _) => Some("fentry not requested (--probes)".into()),
+        (true, None) => Some("no kernel BTF (/sys/kernel/btf/vmlinux): fentry needs it".into()),
+        (true, Some(_)) => None,
+    };
+    let mut next_slot = 0u32;
     let mut row_by_ip: HashMap<_, u64, RowConfig> = match ebpf.map_mut(abi::maps::ROW_BY_IP).map(HashMap::try_from) {
         Some(Ok(m)) => m,
         _ => {
-            status.extend(PROBE_TABLE.iter().map(|r| not(r, "ROW_BY_IP map missing".into())));
+            status.extend(
+                PROBE_TABLE
+                    .iter()
+                    .map(|r| not(r, wanted, "ROW_BY_IP map missing".into())),
+            );
             return (attached, status);
         }
     };
     let mut configs = Vec::new();
     for (i, row) in PROBE_TABLE.iter().enumerate() {
         let found = symbols.lookup(row.function);
-        // Only an unambiguous symbol can be probed by name.
         let Some(&(symbol, addrs)) = found.first() else {
             status.push(not(
                 row,
+                wanted,
                 "not in /proc/kallsyms: inlined, renamed, or its module is not loaded".into(),
             ));
             continue;
@@ -360,40 +391,54 @@ fn attach_rows(ebpf: &mut Ebpf, symbols: Option<&KernelSymbols>) -> (Vec<usize>,
             amount_arg: row.amount.map_or(-1, |(a, _)| i32::from(a)),
         };
         if let Err(e) = addrs.iter().try_for_each(|a| row_by_ip.insert(*a, cfg, 0)) {
-            status.push(not(row, format!("ROW_BY_IP insert: {e}")));
+            status.push(not(row, wanted, format!("ROW_BY_IP insert: {e}")));
             continue;
         }
-        configs.push((i, symbol.to_owned()));
+        // fentry binds to a BTF function: the exact name, once, in vmlinux (module BTF needs
+        // an attach object fd that aya 0.14 does not pass).
+        let in_vmlinux = btf.as_ref().is_some_and(|b| {
+            symbol == row.function
+                && addrs.len() == 1
+                && b.id_by_type_name_kind(symbol, aya_obj::btf::BtfKind::Func).is_ok()
+        });
+        configs.push((i, symbol.to_owned(), in_vmlinux));
     }
 
-    for (i, symbol) in configs {
+    for (i, symbol, in_vmlinux) in configs {
         let row = &PROBE_TABLE[i];
-        let result = (|| -> Result<(), String> {
-            let entry: &mut KProbe = ebpf
-                .program_mut(abi::programs::ROW_ENTRY)
-                .ok_or("row_entry missing")?
-                .try_into()
-                .map_err(|e| format!("{e}"))?;
-            let link = entry
-                .attach(&symbol, 0)
-                .map_err(|e| format!("kprobe on {symbol}: {e}"))?;
-            let exit: &mut KProbe = ebpf
-                .program_mut(abi::programs::ROW_EXIT)
-                .ok_or("row_exit missing")?
-                .try_into()
-                .map_err(|e| format!("{e}"))?;
-            if let Err(e) = exit.attach(&symbol, 0) {
-                let entry: &mut KProbe = ebpf
-                    .program_mut(abi::programs::ROW_ENTRY)
-                    .ok_or("row_entry missing")?
-                    .try_into()
-                    .map_err(|e| format!("{e}"))?;
-                let _ = entry.detach(link);
-                return Err(format!("kretprobe: {e}"));
+        let mut fentry_error = None;
+        if in_vmlinux && fentry_block.is_none() && next_slot < abi::FENTRY_SLOTS {
+            let slot = next_slot;
+            next_slot += 1;
+            match attach_fentry_pair(ebpf, slot, &symbol, btf.as_ref().expect("checked")) {
+                Ok(()) => {
+                    attached.push(i);
+                    status.push(ProbeStatus {
+                        function: row.function.to_owned(),
+                        mechanism: "fentry",
+                        attached: true,
+                        error: None,
+                    });
+                    continue;
+                }
+                Err((e, load_refused)) => {
+                    if load_refused {
+                        fentry_block = Some(e.clone());
+                    }
+                    fentry_error = Some(e);
+                }
             }
-            Ok(())
-        })();
-        match result {
+        }
+        if let Some(why) = &kprobe_block {
+            let why = match (&fentry_error, in_vmlinux || !fentry) {
+                (Some(f), _) => format!("{f}; {why}"),
+                (None, true) => fentry_block.as_ref().map_or(why.clone(), |f| format!("{f}; {why}")),
+                (None, false) => format!("module function or compiler clone (no fentry); {why}"),
+            };
+            status.push(not(row, wanted, why));
+            continue;
+        }
+        match attach_kprobe_pair(ebpf, &symbol) {
             Ok(()) => {
                 attached.push(i);
                 status.push(ProbeStatus {
@@ -403,10 +448,82 @@ fn attach_rows(ebpf: &mut Ebpf, symbols: Option<&KernelSymbols>) -> (Vec<usize>,
                     error: None,
                 });
             }
-            Err(e) => status.push(not(row, e)),
+            Err(e) => status.push(not(row, "kprobe", e)),
         }
     }
     (attached, status)
+}
+
+fn kprobe_program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut KProbe, String> {
+    ebpf.program_mut(name)
+        .ok_or_else(|| format!("{name} missing from the BPF object"))?
+        .try_into()
+        .map_err(|e| format!("{e}"))
+}
+
+/// Loads row_entry/row_exit (once; they attach to many functions).
+fn load_kprobe_pair(ebpf: &mut Ebpf) -> Result<(), String> {
+    for name in [abi::programs::ROW_ENTRY, abi::programs::ROW_EXIT] {
+        kprobe_program(ebpf, name)?
+            .load()
+            .map_err(|e| format!("load {name}: {}", one_line(&e)))?;
+    }
+    Ok(())
+}
+
+/// kprobe + kretprobe on `symbol`; neither stays if one fails.
+fn attach_kprobe_pair(ebpf: &mut Ebpf, symbol: &str) -> Result<(), String> {
+    let link = kprobe_program(ebpf, abi::programs::ROW_ENTRY)?
+        .attach(symbol, 0)
+        .map_err(|e| format!("kprobe on {symbol}: {e}"))?;
+    if let Err(e) = kprobe_program(ebpf, abi::programs::ROW_EXIT)?.attach(symbol, 0) {
+        let _ = kprobe_program(ebpf, abi::programs::ROW_ENTRY)?.detach(link);
+        return Err(format!("kretprobe: {e}"));
+    }
+    Ok(())
+}
+
+/// fentry + fexit slot `slot` on `symbol`. The error says whether the kernel refused the load
+/// itself (then no fentry will load: EPERM, no trampolines) or just this function.
+fn attach_fentry_pair(ebpf: &mut Ebpf, slot: u32, symbol: &str, btf: &aya::Btf) -> Result<(), (String, bool)> {
+    use aya::programs::{FEntry, FExit};
+    let entry_name = format!("{}{slot}", abi::programs::ROW_FENTRY_PREFIX);
+    let exit_name = format!("{}{slot}", abi::programs::ROW_FEXIT_PREFIX);
+    let missing = |n: &str| (format!("{n} missing from the BPF object"), true);
+    let entry: &mut FEntry = ebpf
+        .program_mut(&entry_name)
+        .ok_or_else(|| missing(&entry_name))?
+        .try_into()
+        .map_err(|e| (format!("{e}"), true))?;
+    entry
+        .load(symbol, btf)
+        .map_err(|e| (format!("fentry load: {}", one_line(&e)), is_refusal(&e)))?;
+    let link = entry.attach().map_err(|e| (format!("fentry attach: {e}"), false))?;
+    let exit: &mut FExit = ebpf
+        .program_mut(&exit_name)
+        .ok_or_else(|| missing(&exit_name))?
+        .try_into()
+        .map_err(|e| (format!("{e}"), true))?;
+    let result = exit
+        .load(symbol, btf)
+        .map_err(|e| (format!("fexit load: {}", one_line(&e)), is_refusal(&e)))
+        .and_then(|()| {
+            exit.attach()
+                .map(drop)
+                .map_err(|e| (format!("fexit attach: {e}"), false))
+        });
+    if result.is_err() {
+        if let Some(Ok(entry)) = ebpf.program_mut(&entry_name).map(<&mut FEntry>::try_from) {
+            let _ = entry.detach(link);
+        }
+    }
+    result
+}
+
+/// Whether a load error means fentry as a whole is refused here (not this one function).
+fn is_refusal(e: &aya::programs::ProgramError) -> bool {
+    let text = format!("{e:?}");
+    text.contains("EPERM") || text.contains("Operation not permitted") || text.contains("ENOTSUPP")
 }
 
 impl Probes {
@@ -420,8 +537,12 @@ impl Probes {
         mechanisms: &[Mechanism],
     ) -> Result<Self, ProbeError> {
         let mut ebpf = load_object(tid, sample_map_entries)?;
-        let (attached_rows, mut status) = if mechanisms.contains(&Mechanism::Kprobes) {
-            attach_rows(&mut ebpf, symbols)
+        let (kprobes, fentry) = (
+            mechanisms.contains(&Mechanism::Kprobes),
+            mechanisms.contains(&Mechanism::Fentry),
+        );
+        let (attached_rows, mut status) = if kprobes || fentry {
+            attach_rows(&mut ebpf, symbols, kprobes, fentry)
         } else {
             let status = PROBE_TABLE
                 .iter()

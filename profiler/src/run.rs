@@ -77,12 +77,11 @@ pub enum RunError {
     #[error(transparent)]
     Device(#[from] crate::device::DeviceError),
     /// Output could not be written.
-    #[error("cannot write {path}: {source}")]
+    #[error("cannot write {path}: {source}: choose a writable --out directory")]
     Output {
         /// What.
         path: String,
-        /// Why.
-        #[source]
+        /// Why (in the message, not chained, so it prints once).
         source: std::io::Error,
     },
 }
@@ -96,6 +95,10 @@ impl RunError {
 
 /// Stage names outside the phases, as progress shows them.
 pub const STAGE_SETUP: &str = "set-up";
+/// Opening a case's container/IOAS and device, reserving its hugepages.
+pub const STAGE_OPEN: &str = "opening";
+/// Reading a case's maps and writing its flamegraphs.
+pub const STAGE_REPORT: &str = "reporting";
 /// Loading and attaching the probes.
 pub const STAGE_ATTACH: &str = "attaching probes";
 /// After the last phase: report written, probes detached. A signal here leaves the report
@@ -293,6 +296,7 @@ fn run_case(
     progress: &Progress,
     cancel: &AtomicBool,
 ) -> Result<CaseRuns, CaseError> {
+    progress.stage(&format!("{} {STAGE_OPEN}", case.name()));
     let _reservation = match case.backing.hugetlb_kb {
         Some(kb) => Some(Reservation::reserve(kb, opts.size / case.backing.page_size()).map_err(CaseError::Skip)?),
         None => None,
@@ -445,6 +449,7 @@ pub fn execute(
             }
             Err(CaseError::Probes(e)) => return Err(e.into()),
         };
+        progress.stage(&format!("{} {STAGE_REPORT}", case.name()));
         let drained = match probes.as_mut() {
             Some(p) => p.drain(1 + opts.iterations * PHASES.len() as u32)?,
             None => Drained::default(),

@@ -276,7 +276,10 @@ fn report_shape_folded_and_svg_files() {
     );
     assert_eq!(r["schema"], "dmaprof.report.v1");
     assert!(r["kernel"]["release"].is_string());
-    assert!(r["capabilities"]["perf_sampling"]["ok"].is_boolean());
+    assert!(r["capabilities"]["vfio_type1"]["ok"].is_boolean());
+    assert!(r["kernel"]["features"].as_array().is_some_and(|f| f.len() >= 5));
+    assert!(r["timing"]["attach_ns"].as_u64().is_some_and(|n| n > 0));
+    assert!(r["timing"]["peak_rss_kib"].as_u64().is_some_and(|n| n > 0));
     assert_eq!(r["config"]["size_bytes"], 64 << 20);
     assert_eq!(r["config"]["iterations"], 2);
     assert_eq!(r["config"]["freq_hz"], 999);
@@ -347,6 +350,26 @@ fn bad_input_gives_one_clear_line() {
             2,
             "not a directory",
         ),
+        (
+            &[
+                "run",
+                "-b",
+                "64M",
+                "-v",
+                "none_anonymous.none",
+                "-o",
+                "/proc/dmaprof-no/such",
+            ],
+            2,
+            "choose a writable directory",
+        ),
+        (
+            &["run", "-b", "1T", "-v", "none_anonymous.none"],
+            2,
+            "does not fit in available memory",
+        ),
+        (&["run", "--probes", "kretprobes"], 2, "kretprobes"),
+        (&["doctor", "--bogus"], 2, "--bogus"),
         (&["frobnicate"], 2, "frobnicate"),
     ];
     for (args, code, needle) in cases {

@@ -739,9 +739,9 @@ const SIGNAL_RUNS: u32 = 36;
 /// device unbound again after `--bind`, and an interrupted report marked partial.
 fn signals_in_guest(k: &kernel::Kernel, dmaprof: &Path) -> Verdict {
     let dir = scratch("signals");
-    // One uninterrupted run first calibrates how long a run takes in this boot; the signals then
-    // land uniformly over 0..85% of that, so every part of a run (set-up, untraced reference,
-    // probe attach, each phase, clean-up) gets hit.
+    // One uninterrupted run first calibrates how long a run takes in this boot; the even runs'
+    // signals land uniformly over 0..85% of that (set-up, untraced reference, probe attach,
+    // clean-up), the odd runs' within 600 ms of the first traced case starting (the phases).
     let run = "/bin/dmaprof run --bind -b 32M -v vfio_type1_iommu_anonymous -v iommufd_memfd_hugetlb_2mb \
                --prefault none,populate -n 1";
     let cmd = format!(
@@ -756,8 +756,14 @@ echo "S calibrate $rc $T"
 i=0
 while [ $i -lt {SIGNAL_RUNS} ]; do
   case $((i % 3)) in 0) s=INT;; 1) s=TERM;; *) s=HUP;; esac
-  d=$(( (RANDOM * 32768 + RANDOM) % (T * 85 / 100 + 1) ))
   {run} -o /tmp/r$i > /dev/null 2> /out/e$i.txt & p=$!
+  if [ $((i % 2)) = 0 ]; then
+    d=$(( (RANDOM * 32768 + RANDOM) % (T * 85 / 100 + 1) ))
+  else
+    # Aim at the workload: wait for the first traced case to start, then up to 600 ms more.
+    n=0; while ! grep -q ' traced (' /out/e$i.txt && [ $n -lt 600 ]; do usleep 20000; n=$((n + 1)); done
+    d=$((RANDOM % 600))
+  fi
   usleep $((d * 1000)); kill -$s $p; wait $p; rc=$?
   /bin/dmaprof doctor --leftovers > /out/l$i.txt 2>&1; l=$?
   part=$(grep -c '"partial": true' /tmp/r$i/report.json 2>/dev/null)
@@ -789,7 +795,7 @@ done"#
             fs::read_to_string(dir.join("cal.txt")).unwrap_or_default()
         )),
     }
-    let (mut interrupted, mut places) = (0, std::collections::BTreeSet::new());
+    let (mut interrupted, mut places) = (0, std::collections::BTreeMap::<String, u32>::new());
     let runs: Vec<&Vec<&str>> = lines.iter().filter(|l| l.first() == Some(&"run")).collect();
     for r in &runs {
         let [_, i, sig, delay, rc, leftovers, hp, drv, partial] = r[..] else {
@@ -822,7 +828,7 @@ done"#
             if partial == "0" && !place.starts_with("finishing") {
                 problems.push(format!("{what}: landed in {place}, report.json is not marked partial"));
             }
-            places.insert(place);
+            *places.entry(place).or_default() += 1;
         } else if rc != "0" {
             problems.push(format!("{what}: exit {rc}, want {want} or 0: {}", stderr.trim()));
         }
@@ -843,8 +849,14 @@ done"#
     if interrupted < 30 {
         problems.push(format!("only {interrupted} runs were interrupted (want >= 30)"));
     }
+    let phases = ["memfd_create", "mmap", "touch", "map", "unmap", "munmap", "close"];
+    if !places.keys().any(|p| phases.contains(&p.as_str())) {
+        problems.push(format!(
+            "no signal landed inside a workload phase (landed in {places:?})"
+        ));
+    }
     if problems.is_empty() {
-        let places: Vec<String> = places.into_iter().collect();
+        let places: Vec<String> = places.into_iter().map(|(p, n)| format!("{p} x{n}")).collect();
         Verdict::Ok(format!(
             ", {interrupted}/{} runs interrupted, landed in: {}",
             runs.len(),
@@ -894,9 +906,9 @@ fn kernel_matrix(k: &kernel::Kernel, dmaprof: &Path, expect: &[(&str, bool)]) ->
             problems.push(format!("{} skipped without a reason", s["name"]));
         }
     }
-    // 3 backings x 2 prefaults x 5 modes.
-    if ran.len() + skipped.len() != 30 {
-        problems.push(format!("{} ran + {} skipped, want 30 cases", ran.len(), skipped.len()));
+    // 3 backings x 2 prefaults x 6 modes (`none` included).
+    if ran.len() + skipped.len() != 36 {
+        problems.push(format!("{} ran + {} skipped, want 36 cases", ran.len(), skipped.len()));
     }
     for want in ["vfio_type1_iommu_anonymous.none", "vfio_type1v2_iommu_memfd.populate"] {
         if !ran.contains(&want) {
