@@ -622,6 +622,21 @@ fn attribution(k: &kernel::Kernel, dmaprof: &Path) -> Verdict {
             worst_unattr * 100.0
         ));
     }
+    // Mixed mechanisms: vmlinux rows by fentry/fexit, module rows by kprobe/kretprobe, one
+    // accounting (the call counts above and below come through both).
+    let probes = r["probes"].as_array().cloned().unwrap_or_default();
+    for (function, mechanism) in [
+        ("handle_mm_fault", "fentry"),
+        ("iommu_map", "fentry"),
+        ("vfio_pin_pages_remote", "kprobe"),
+    ] {
+        if !probes
+            .iter()
+            .any(|p| p["function"] == function && p["mechanism"] == mechanism && p["attached"] == true)
+        {
+            problems.push(format!("{function} is not attached by {mechanism}"));
+        }
+    }
     // iommufd_compat_type1 disables large pages: many more iommu_map calls than iommufd.
     let calls = |n: &str| {
         get(n, "map").ok().and_then(|p| {
