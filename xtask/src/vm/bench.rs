@@ -228,6 +228,16 @@ fn phase_ns(report: &Value, case: &str, phase: &str) -> Option<f64> {
 /// Per config: per round, the report.
 type Results = BTreeMap<&'static str, BTreeMap<u32, Value>>;
 
+/// Per round, `phase` of `case` under `config` over the same round's untraced run.
+fn ratios(results: &Results, config: &str, case: &str, phase: &str) -> Vec<f64> {
+    let (Some(base), Some(runs)) = (results.get("untraced"), results.get(config)) else {
+        return Vec::new();
+    };
+    runs.iter()
+        .filter_map(|(round, r)| Some(phase_ns(r, case, phase)? / phase_ns(base.get(round)?, case, phase)?))
+        .collect()
+}
+
 /// The overhead table for `phases` of `case`.
 fn overhead_table(results: &Results, configs: &[Config], case: &str, phases: &[&str]) -> String {
     let mut s = String::new();
@@ -238,7 +248,6 @@ fn overhead_table(results: &Results, configs: &[Config], case: &str, phases: &[&
     s += "\n|---|";
     s += &"---|---|".repeat(phases.len());
     s += "\n";
-    let base = results.get("untraced");
     for c in configs {
         let Some(runs) = results.get(c.name) else { continue };
         let _ = write!(s, "| {} ({}) |", c.name, c.what);
@@ -248,14 +257,12 @@ fn overhead_table(results: &Results, configs: &[Config], case: &str, phases: &[&
                 .filter_map(|r| phase_ns(r, case, p))
                 .map(|n| n / 1e6)
                 .collect();
-            let ratios: Vec<f64> = runs
-                .iter()
-                .filter_map(|(round, r)| {
-                    let b = phase_ns(base?.get(round)?, case, p)?;
-                    Some(phase_ns(r, case, p)? / b)
-                })
-                .collect();
-            let _ = write!(s, " {:.2} | {} |", median(ms), spread(&ratios));
+            let _ = write!(
+                s,
+                " {:.2} | {} |",
+                median(ms),
+                spread(&ratios(results, c.name, case, p))
+            );
         }
         s += "\n";
     }
@@ -317,16 +324,20 @@ fn guest(args: &BenchArgs) -> Result<String> {
         r#"up() {{ cut -d' ' -f1 /proc/uptime | tr -d .; }}
 B="/bin/dmaprof run --json -b {size} -v {GUEST_CASE} -n 3"
 one() {{ # name round dmaprof-options
-  $B $3 -o /tmp/o > /dev/null 2> /tmp/err || echo "E $1 $2 $? $(tail -1 /tmp/err)"
+  echo "R $1 $2"
+  timeout 900 $B $3 -o /tmp/o > /dev/null 2> /tmp/err || echo "E $1 $2 $? $(tail -1 /tmp/err)"
   cp /tmp/o/report.json /out/$1-$2.json; rm -rf /tmp/o
 }}
 bt() {{ # name round script
   t0=$(up); bpftrace $3 > /tmp/bt.out 2>&1 & bp=$!
-  while ! grep -q READY /tmp/bt.out; do kill -0 $bp 2>/dev/null || break; usleep 50000; done
+  n=0
+  while ! grep -q READY /tmp/bt.out && [ $n -lt 1200 ]; do kill -0 $bp 2>/dev/null || break; usleep 100000; n=$((n + 1)); done
   if kill -0 $bp 2>/dev/null; then
     echo "T $1 $2 $(( ($(up) - t0) * 10 ))"
     one $1 $2 --no-trace
     kill -INT $bp; wait $bp
+  elif kill -0 $bp 2>/dev/null; then
+    echo "F $1 $2 no READY after 120 s: $(head -c 300 /tmp/bt.out | tr '\n' ' ')"; kill -9 $bp; wait $bp
   else
     echo "F $1 $2 $(head -c 300 /tmp/bt.out | tr '\n' ' ')"
   fi
@@ -395,6 +406,20 @@ bt() {{ # name round script
         args.size,
         functions.len(),
         fentry_rows
+    );
+    let map = |c: &str| median(ratios(&results, c, GUEST_CASE, "map"));
+    let _ = writeln!(
+        md,
+        "In short (map phase, median ratio): default {:.3} (target <= 1.02: {}); exact accounting alone \
+         {:.3} with fentry, {:.3} with kprobes, bpftrace kprobes {:.3}; sampling at 4999 Hz alone {:.3}, \
+         bpftrace profile {:.3}.\n",
+        map("default"),
+        if map("default") <= 1.02 { "met" } else { "not met here" },
+        map("exact_fentry"),
+        map("exact_kprobes"),
+        map("bt_kprobes"),
+        map("samples"),
+        map("bt_profile")
     );
     md += &overhead_table(&results, GUEST_CONFIGS, GUEST_CASE, &["map", "unmap", "mmap"]);
     let _ = writeln!(
@@ -497,8 +522,9 @@ fn boot(
         hugepages_1g: 0,
         hugepages_2m: 0,
         append: "",
-        timeout: Duration::from_secs(3600),
-        echo: false,
+        timeout: Duration::from_secs(2400),
+        // The console (progress lines R/T/E/F) goes to stderr: a long boot shows where it is.
+        echo: true,
         host_files,
     };
     let outcome = execute(plan).map_err(|e| anyhow::anyhow!(e.message))?;
