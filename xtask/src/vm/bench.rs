@@ -325,10 +325,20 @@ fn guest(args: &BenchArgs) -> Result<String> {
 B="/bin/dmaprof run --json -b {size} -v {GUEST_CASE} -n 3"
 one() {{ # name round dmaprof-options
   echo "R $1 $2"
-  timeout 900 $B $3 -o /tmp/o > /dev/null 2> /tmp/err || echo "E $1 $2 $? $(tail -1 /tmp/err)"
+  $B $3 -o /tmp/o > /dev/null 2> /tmp/err & dp=$!
+  n=0; while kill -0 $dp 2>/dev/null && [ $n -lt 3000 ]; do usleep 100000; n=$((n + 1)); done
+  if kill -0 $dp 2>/dev/null; then
+    # Stuck for 300 s: say where each thread is in the kernel, then end it.
+    echo "E $1 $2 hung: $(tail -1 /tmp/err)"
+    for t in /proc/$dp/task/*; do echo "STACK $(cat $t/comm) $(cat $t/wchan)"; cat $t/stack; done
+    kill -9 $dp; wait $dp
+  else
+    wait $dp || echo "E $1 $2 $? $(tail -1 /tmp/err)"
+  fi
   cp /tmp/o/report.json /out/$1-$2.json; rm -rf /tmp/o
 }}
 bt() {{ # name round script
+  rm -f /tmp/bt.out; : > /tmp/bt.out
   t0=$(up); bpftrace $3 > /tmp/bt.out 2>&1 & bp=$!
   n=0
   while ! grep -q READY /tmp/bt.out && [ $n -lt 1200 ]; do kill -0 $bp 2>/dev/null || break; usleep 100000; n=$((n + 1)); done
