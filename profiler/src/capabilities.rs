@@ -75,7 +75,7 @@ pub fn kernel_info() -> KernelInfo {
         release: field(&u.release),
         version: field(&u.version),
         machine: field(&u.machine),
-        features: kernel_features(),
+        features: Vec::new(),
     }
 }
 
@@ -143,8 +143,9 @@ pub const KERNEL_FEATURES: &[FeatureRule] = &[
     ),
 ];
 
-/// Which of [`KERNEL_FEATURES`] this kernel shows, from /proc/kallsyms names (addresses are
-/// not needed, so this works unprivileged too).
+/// Which of [`KERNEL_FEATURES`] this kernel shows, read from /proc/kallsyms names (addresses
+/// are not needed, so this works unprivileged too). `run` has the symbols loaded already and
+/// uses [`kernel_features_from`] instead of reading the file again.
 pub fn kernel_features() -> Vec<crate::report::KernelFeature> {
     let wanted: std::collections::BTreeSet<&str> = KERNEL_FEATURES
         .iter()
@@ -157,6 +158,14 @@ pub fn kernel_features() -> Vec<crate::report::KernelFeature> {
             .map(str::to_owned)
             .collect()
     });
+    match seen {
+        Some(seen) => kernel_features_from(Some(&|n| seen.contains(n))),
+        None => kernel_features_from(None),
+    }
+}
+
+/// [`KERNEL_FEATURES`] judged by `has` (whether the kernel has a symbol); None: unknown.
+pub fn kernel_features_from(has: Option<&dyn Fn(&str) -> bool>) -> Vec<crate::report::KernelFeature> {
     KERNEL_FEATURES
         .iter()
         .map(|(id, with, without, since, effect)| {
@@ -168,9 +177,7 @@ pub fn kernel_features() -> Vec<crate::report::KernelFeature> {
                 .join(", ");
             crate::report::KernelFeature {
                 id: (*id).to_owned(),
-                present: seen
-                    .as_ref()
-                    .map(|seen| with.iter().all(|s| seen.contains(*s)) && !without.iter().any(|s| seen.contains(*s))),
+                present: has.map(|has| with.iter().all(|s| has(s)) && !without.iter().any(|s| has(s))),
                 evidence,
                 since: (*since).to_owned(),
                 effect: (*effect).to_owned(),
@@ -192,6 +199,10 @@ pub fn probe_for_run() -> Doctor {
 }
 
 fn probe(bpf: bool) -> Doctor {
+    let mut kernel = kernel_info();
+    if bpf {
+        kernel.features = kernel_features();
+    }
     let mut c = BTreeMap::new();
     c.insert("privileges".into(), privileges());
     if bpf {
@@ -207,22 +218,24 @@ fn probe(bpf: bool) -> Doctor {
     c.insert("map_file".into(), map_file);
     c.insert("vfio_cdev".into(), vfio_cdev());
     Doctor {
-        kernel: kernel_info(),
+        kernel,
         capabilities: c,
         vfio_devices: vfio_devices(),
         hugepages: hugepages::pools(),
     }
 }
 
-/// Effective capabilities of this process, from /proc/self/status.
+/// Field `name` of /proc/self/status, trimmed (e.g. `CapEff`, `VmHWM` with its "kB").
+pub fn self_status(name: &str) -> Option<String> {
+    let text = fs::read_to_string("/proc/self/status").ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':').map(|v| v.trim().to_owned()))
+}
+
+/// Effective capabilities of this process.
 fn effective_caps() -> u64 {
-    fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("CapEff:"))
-                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        })
+    self_status("CapEff")
+        .and_then(|v| u64::from_str_radix(&v, 16).ok())
         .unwrap_or(0)
 }
 

@@ -520,10 +520,16 @@ fn attach_fentry_pair(ebpf: &mut Ebpf, slot: u32, symbol: &str, btf: &aya::Btf) 
     result
 }
 
-/// Whether a load error means fentry as a whole is refused here (not this one function).
+/// Whether a load error means fentry as a whole is refused here (not this one function):
+/// EPERM (lockdown, no CAP), or ENOTSUPP/EOPNOTSUPP (no trampolines on this arch/config).
 fn is_refusal(e: &aya::programs::ProgramError) -> bool {
-    let text = format!("{e:?}");
-    text.contains("EPERM") || text.contains("Operation not permitted") || text.contains("ENOTSUPP")
+    /// The kernel's internal ENOTSUPP, which BPF_PROG_LOAD returns without trampolines.
+    const ENOTSUPP: i32 = 524;
+    matches!(
+        e,
+        aya::programs::ProgramError::LoadError { io_error, .. }
+            if matches!(io_error.raw_os_error(), Some(libc::EPERM | libc::EOPNOTSUPP | ENOTSUPP))
+    )
 }
 
 impl Probes {

@@ -366,10 +366,16 @@ pub fn execute(
     })?;
     progress.stage(STAGE_SETUP);
     let symbols = KernelSymbols::load().ok();
+    let mut kernel = doctor.kernel.clone();
+    // The symbols are loaded already: judge the kernel's features from them, not another read.
+    kernel.features = match symbols.as_ref().filter(|s| s.usable()) {
+        Some(s) => crate::capabilities::kernel_features_from(Some(&|n| s.has(n))),
+        None => crate::capabilities::kernel_features_from(None),
+    };
     let mut report = Report {
         schema: report::SCHEMA.into(),
         dmaprof_version: env!("CARGO_PKG_VERSION").into(),
-        kernel: doctor.kernel.clone(),
+        kernel,
         device: device.map(|d| d.bdf.clone()),
         capabilities: doctor.capabilities.clone(),
         config: Config {
@@ -488,13 +494,8 @@ pub fn execute(
 
 /// VmHWM of this process.
 fn peak_rss_kib() -> u64 {
-    fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmHWM:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        })
+    crate::capabilities::self_status("VmHWM")
+        .and_then(|v| v.trim_end_matches("kB").trim().parse().ok())
         .unwrap_or(0)
 }
 

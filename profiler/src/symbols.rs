@@ -28,6 +28,11 @@ impl KernelSymbols {
         self.by_addr.keys().next_back().is_some_and(|a| *a != 0)
     }
 
+    /// Whether a symbol is exactly `name`.
+    pub fn has(&self, name: &str) -> bool {
+        self.by_name.contains_key(name)
+    }
+
     /// The symbols that are function `name`: itself, or a compiler clone of it
     /// (`name.isra.0`, `name.constprop.0`), each with its addresses (static functions can share
     /// a name across modules).
