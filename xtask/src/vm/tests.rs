@@ -746,8 +746,10 @@ const KERNEL_CUSTOM: &[(&str, bool)] = &[
     ("iommu_map_batched_sync", true),
 ];
 
-/// Signals in the guest per run (issue 6 asks for at least 30).
-const SIGNAL_RUNS: u32 = 36;
+/// Signals sent in the guest (issue 6 asks for at least 30 interrupted runs; a SIGINT that
+/// arrives before dmaprof installs its handler is ignored, as sh ignores it for background jobs,
+/// and such a run completes normally).
+const SIGNAL_RUNS: u32 = 40;
 
 /// Issue 6: SIGINT/SIGTERM/SIGHUP at random moments of real VFIO/IOMMUFD runs leave nothing
 /// behind: no dmaprof BPF program, link, kprobe event or process, hugepage pools as before, the
