@@ -16,10 +16,10 @@ pub const MAX_ROWS: u32 = 64;
 /// fentry/fexit program pairs (`row_fentry_<i>`, `row_fexit_<i>`) for vmlinux rows.
 pub const FENTRY_SLOTS: u32 = 24;
 
-/// Entries in the stack-trace map (distinct stacks per case, kernel and user).
+/// Entries in the stack-trace map (distinct kernel stacks per case).
 pub const STACK_MAP_ENTRIES: u32 = 16_384;
 
-/// Entries in the sample-count map (distinct (phase, kernel stack, user stack) triples).
+/// Entries in the sample-count map (distinct (phase, kernel stack) pairs).
 pub const SAMPLE_MAP_ENTRIES: u32 = 32_768;
 
 /// Names of the maps, as user space looks them up.
@@ -74,21 +74,8 @@ pub mod programs {
     pub const ROW_FENTRY_PREFIX: &str = "row_fentry_";
     /// Prefix of the fexit slot programs (`row_fexit_0` ...).
     pub const ROW_FEXIT_PREFIX: &str = "row_fexit_";
-    /// Do-nothing kprobe used by `doctor` to find out whether kprobes attach at all.
-    pub const PROBE_KPROBE: &str = "probe_kprobe";
-    /// Do-nothing fentry program used by `doctor` to find out whether fentry loads.
-    pub const PROBE_FENTRY: &str = "probe_fentry";
     /// Every program name, for recognising dmaprof's programs among all loaded ones.
-    pub const ALL: &[&str] = &[
-        SAMPLE_STACK,
-        SYS_ENTER,
-        SYS_EXIT,
-        PAGE_FAULT_USER,
-        ROW_ENTRY,
-        ROW_EXIT,
-        PROBE_KPROBE,
-        PROBE_FENTRY,
-    ];
+    pub const ALL: &[&str] = &[SAMPLE_STACK, SYS_ENTER, SYS_EXIT, PAGE_FAULT_USER, ROW_ENTRY, ROW_EXIT];
 }
 
 /// Name of the read-only global that holds the workload thread's id, set at load time.
@@ -179,12 +166,9 @@ pub struct Frame {
 pub struct SampleKey {
     /// Phase slot the sample belongs to.
     pub phase: u32,
-    /// Kernel stack id in the stack map, or negative when the sample had no kernel stack.
+    /// Kernel stack id in the stack map, or negative when the sample had no kernel stack
+    /// (taken in user mode).
     pub kernel_stack: i32,
-    /// User stack id in the stack map, or negative when none could be taken.
-    pub user_stack: i32,
-    /// Padding, always 0 (hash keys compare bytes).
-    pub _pad: u32,
 }
 
 #[cfg(feature = "user")]

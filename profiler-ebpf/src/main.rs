@@ -4,7 +4,7 @@
 #![no_main]
 
 use aya_ebpf::{
-    EbpfContext as _,
+    EbpfContext,
     bindings::BPF_NOEXIST,
     helpers::generated::bpf_get_func_arg,
     helpers::{bpf_get_current_pid_tgid, bpf_get_func_ip, bpf_ktime_get_ns},
@@ -15,7 +15,7 @@ use aya_ebpf::{
         tracing::StackIdContext as _,
     },
 };
-use aya_log_ebpf::debug;
+use aya_log_ebpf::warn;
 use profiler_ebpf::{
     Control, Frame, MAX_CALL_DEPTH, MAX_PHASES, MAX_ROWS, PhaseCounters, RowConfig, RowStats, SAMPLE_MAP_ENTRIES,
     STACK_MAP_ENTRIES, SampleKey, SyscallEntry,
@@ -78,17 +78,11 @@ pub fn sample_stack(ctx: PerfEventContext) -> u32 {
         return 0;
     };
     c.samples += 1;
-    // A sample taken in user mode has no kernel stack: the helper fails and we keep -1.
+    // A sample taken in user mode has no kernel stack: the helper fails and we keep -1. No
+    // user stack is taken: walking it costs as much as the kernel one and the workload's user
+    // side is one loop; a sample without a kernel stack is user time, which is all we need.
     let kernel_stack = ctx.get_stackid(&STACKS, 0).map_or(-1, |id| id as i32);
-    // No user stack: walking it costs as much as the kernel one and the workload's user side
-    // is one loop; a sample without a kernel stack is user time, which is all we need.
-    let user_stack = -1;
-    let key = SampleKey {
-        phase,
-        kernel_stack,
-        user_stack,
-        _pad: 0,
-    };
+    let key = SampleKey { phase, kernel_stack };
     match SAMPLES.get_ptr_mut(&key) {
         Some(count) => {
             // SAFETY: valid map value pointer for the duration of the program.
@@ -96,6 +90,9 @@ pub fn sample_stack(ctx: PerfEventContext) -> u32 {
         }
         None => {
             if SAMPLES.insert(&key, &1, BPF_NOEXIST as u64).is_err() {
+                if c.lost_samples == 0 {
+                    warn!(&ctx, "sample map full in phase slot {}: samples are being lost", phase);
+                }
                 c.lost_samples += 1;
             }
         }
@@ -214,13 +211,13 @@ fn read_arg(ctx: &ProbeContext, n: i32) -> u64 {
 pub fn row_entry(ctx: ProbeContext) -> u32 {
     // SAFETY: bpf_get_func_ip is allowed in kprobe programs (5.15+) and reads only ctx.
     let ip = unsafe { bpf_get_func_ip(ctx.as_ptr()) };
-    enter(ip, |n| read_arg(&ctx, n))
+    enter(&ctx, ip, |n| read_arg(&ctx, n))
 }
 
 /// Return of any probed function: pop its frame, account inclusive and exclusive time.
 #[kretprobe]
-pub fn row_exit(_ctx: RetProbeContext) -> u32 {
-    leave()
+pub fn row_exit(ctx: RetProbeContext) -> u32 {
+    leave(&ctx)
 }
 
 /// Argument `n` of an fentry program's function, or 0 past its last argument (checked by the
@@ -243,12 +240,12 @@ macro_rules! fentry_slots {
         pub fn $entry(ctx: FEntryContext) -> u32 {
             // SAFETY: bpf_get_func_ip is allowed in tracing programs and reads only ctx.
             let ip = unsafe { bpf_get_func_ip(ctx.as_ptr()) };
-            enter(ip, |n| func_arg(&ctx, n))
+            enter(&ctx, ip, |n| func_arg(&ctx, n))
         }
 
         #[fexit]
-        pub fn $exit(_ctx: FExitContext) -> u32 {
-            leave()
+        pub fn $exit(ctx: FExitContext) -> u32 {
+            leave(&ctx)
         }
     )*};
 }
@@ -266,7 +263,7 @@ fentry_slots! {
 
 /// Pushes a frame for the row of the function at `ip`; `arg(n)` reads its argument n.
 #[inline(always)]
-fn enter(ip: u64, arg: impl FnOnce(i32) -> u64) -> u32 {
+fn enter<C: EbpfContext>(ctx: &C, ip: u64, arg: impl FnOnce(i32) -> u64) -> u32 {
     let Some(phase) = recording_phase() else {
         return 0;
     };
@@ -286,6 +283,12 @@ fn enter(ip: u64, arg: impl FnOnce(i32) -> u64) -> u32 {
     // SAFETY: as above.
     unsafe { *depth = d + 1 };
     if d >= MAX_CALL_DEPTH {
+        if c.stack_overflow == 0 {
+            warn!(
+                ctx,
+                "probed calls nest deeper than {} in phase slot {}: inner calls go unaccounted", MAX_CALL_DEPTH, phase
+            );
+        }
         c.stack_overflow += 1;
         return 0;
     }
@@ -306,7 +309,7 @@ fn enter(ip: u64, arg: impl FnOnce(i32) -> u64) -> u32 {
 
 /// Pops the innermost frame and accounts its inclusive and exclusive time.
 #[inline(always)]
-fn leave() -> u32 {
+fn leave<C: EbpfContext>(ctx: &C) -> u32 {
     let Some(phase) = recording_phase() else {
         return 0;
     };
@@ -318,6 +321,12 @@ fn leave() -> u32 {
     // SAFETY: valid map value pointer for the duration of the program.
     let d = unsafe { *depth };
     if d == 0 {
+        if c.unmatched_exit == 0 {
+            warn!(
+                ctx,
+                "a probed return without its entry in phase slot {}: the call stack is unbalanced", phase
+            );
+        }
         c.unmatched_exit += 1;
         return 0;
     }
@@ -344,17 +353,6 @@ fn leave() -> u32 {
         // SAFETY: valid map value pointer for the duration of the program.
         unsafe { (*parent).child_ns += inclusive };
     }
-    0
-}
-
-#[kprobe]
-pub fn probe_kprobe(ctx: ProbeContext) -> u32 {
-    debug!(&ctx, "dmaprof doctor: kprobe fired in pid {}", ctx.pid());
-    0
-}
-
-#[fentry]
-pub fn probe_fentry(_ctx: FEntryContext) -> u32 {
     0
 }
 

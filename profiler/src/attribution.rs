@@ -1,265 +1,380 @@
-//! Where time goes: the categories and the sampled-stack classifier.
-//!
-//! One table ([`CATEGORY_RULES`]) maps kernel functions to categories. A sample is classified by
-//! its leaf-most kernel frame that the table knows, so a sample in `clear_page_erms` under
-//! `handle_mm_fault` under `pin_user_pages_remote` counts as zeroing, not faulting or pinning:
-//! the categories are exclusive, like the exact accounting.
+//! Attribution: turns what the probes recorded for one case (a [`Drained`]) and what the
+//! workload measured into that case's report: the exact breakdown per phase, the sampled
+//! category shares and folded stacks, and the exact summary (phase -> category -> function).
+//! Everything here is a pure function of its inputs; writing files is [`crate::output`]'s job.
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use crate::{
+    abi::{PhaseCounters, RowStats},
+    category::{CATEGORIES, Category, CategoryCounts, classify},
+    dma,
+    flamegraph::Folded,
+    loader::{Drained, RawSample},
+    matrix::Workload,
+    probes::{AttachedBy, PROBE_TABLE},
+    report::{CaseReport, Counters, Exact, ExactRow, PhaseReport, Sampled, Stats},
+    symbols::KernelSymbols,
+    workload::{PHASES, Phase, PhaseRun},
+};
 
-/// A class of work a DMA map (or the memory phases around it) spends time on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Category {
-    /// Clearing freshly allocated pages.
-    Zeroing,
-    /// Page-fault handling and page allocation, other than zeroing.
-    Faulting,
-    /// get_user_pages / pinning.
-    Pinning,
-    /// IOMMU page-table writes.
-    IommuMap,
-    /// IOTLB flushes and map syncs.
-    IommuFlush,
-    /// locked_vm accounting.
-    Accounting,
-    /// User-space execution (no kernel frames in the sample).
-    User,
-    /// Everything else.
-    Other,
+/// The BPF map slot of `phase` in `iteration` (slot 0 means "not recording").
+pub fn slot(iteration: u32, phase: Phase) -> u32 {
+    1 + iteration * PHASES.len() as u32 + phase.index() as u32
 }
 
-/// Every category, in report order.
-pub const CATEGORIES: &[Category] = &[
-    Category::Zeroing,
-    Category::Faulting,
-    Category::Pinning,
-    Category::IommuMap,
-    Category::IommuFlush,
-    Category::Accounting,
-    Category::User,
-    Category::Other,
-];
+/// The phase a slot belongs to.
+fn phase_of_slot(s: u32) -> Option<Phase> {
+    s.checked_sub(1).map(|s| PHASES[s as usize % PHASES.len()])
+}
 
-impl Category {
-    /// The name used in reports and JSON.
-    pub fn name(self) -> &'static str {
-        match self {
-            Category::Zeroing => "zeroing",
-            Category::Faulting => "faulting",
-            Category::Pinning => "pinning",
-            Category::IommuMap => "iommu_map",
-            Category::IommuFlush => "iommu_flush",
-            Category::Accounting => "accounting",
-            Category::User => "user",
-            Category::Other => "other",
+/// Slots a case with `iterations` iterations uses, plus one (the drain bound).
+pub fn slots(iterations: u32) -> u32 {
+    1 + iterations * PHASES.len() as u32
+}
+
+/// What a case's attribution starts from.
+pub struct CaseInput<'a> {
+    /// The case and size.
+    pub workload: &'a Workload,
+    /// Traced iterations, each a list of phase runs.
+    pub runs: &'a [Vec<PhaseRun>],
+    /// The untraced reference iteration, when one ran.
+    pub untraced: Option<&'a [PhaseRun]>,
+    /// What the probes recorded.
+    pub drained: &'a Drained,
+    /// Kernel symbols for the sampled stacks.
+    pub symbols: Option<&'a KernelSymbols>,
+    /// The probe-table rows that attached and how.
+    pub rows: &'a [(usize, AttachedBy)],
+}
+
+/// A case's report and the flamegraph inputs that go with it.
+pub struct CaseOutput {
+    /// The case as report.json has it.
+    pub report: CaseReport,
+    /// Sampled stacks per phase.
+    pub folded: Vec<(Phase, Folded)>,
+    /// The exact summary: phase -> category -> function, in ns.
+    pub summary: Folded,
+}
+
+/// Sampled category counts and folded stacks per phase.
+fn sampled_by_phase(
+    samples: &[RawSample],
+    symbols: Option<&KernelSymbols>,
+) -> BTreeMap<Phase, (CategoryCounts, Folded)> {
+    let mut by_phase: BTreeMap<Phase, (CategoryCounts, Folded)> = BTreeMap::new();
+    for s in samples {
+        let Some(phase) = phase_of_slot(s.slot) else { continue };
+        let names: Vec<String> = s
+            .kernel
+            .iter()
+            .map(|ip| symbols.map_or_else(|| format!("0x{ip:x}"), |sy| sy.resolve(*ip)))
+            .collect();
+        let (cats, folded) = by_phase.entry(phase).or_default();
+        cats.add(classify(names.iter().map(String::as_str)), s.count);
+        let mut frames = vec![phase.name().to_owned()];
+        if names.is_empty() {
+            frames.push("[user]".into());
         }
+        frames.extend(names.into_iter().rev());
+        folded.add(frames, s.count);
+    }
+    by_phase
+}
+
+/// The exact breakdown of `phase` for its median iteration: categories + unattributed = that
+/// iteration's wall time.
+fn exact_breakdown(phase: Phase, per_iter: &[&PhaseRun], counters: &[PhaseCounters], input: &CaseInput) -> Exact {
+    let mut order: Vec<usize> = (0..per_iter.len()).collect();
+    order.sort_by_key(|&i| per_iter[i].wall_ns);
+    let Some(&it) = order.get(order.len().saturating_sub(1) / 2) else {
+        return Exact::default();
+    };
+    let wall_ns = per_iter[it].wall_ns;
+    let c = counters.get(it).copied().unwrap_or_default();
+    let s = slot(it as u32, phase);
+    let mut categories: BTreeMap<Category, u64> = CATEGORIES
+        .iter()
+        .filter(|c| **c != Category::User)
+        .map(|c| (*c, 0))
+        .collect();
+    let mut rows = Vec::new();
+    for (_, row, st) in input.drained.rows.iter().filter(|(sl, _, _)| *sl == s) {
+        let mechanism = input
+            .rows
+            .iter()
+            .find(|(r, _)| r == row)
+            .map_or(AttachedBy::Kprobe, |(_, m)| *m);
+        let r = exact_row(*row, st, mechanism);
+        *categories.entry(r.category).or_default() += r.exclusive_ns;
+        rows.push(r);
+    }
+    rows.sort_by_key(|r| std::cmp::Reverse(r.inclusive_ns));
+    let attributed: u64 = rows.iter().map(|r| r.exclusive_ns).sum();
+    // Syscall time that no probed row covered is the syscall's own work: `other`.
+    *categories.entry(Category::Other).or_default() += c.syscall_ns.saturating_sub(attributed);
+    let sum: u64 = categories.values().sum();
+    Exact {
+        iteration: it as u32,
+        wall_ns,
+        kernel_ns: c.syscall_ns,
+        categories,
+        unattributed_ns: wall_ns as i64 - sum as i64,
+        rows,
+        lost_events: c.stack_overflow + c.unmatched_exit,
     }
 }
 
-impl Category {
-    /// Its colour in flamegraphs (r, g, b).
-    pub fn color(self) -> (u8, u8, u8) {
-        match self {
-            Category::Zeroing => (230, 85, 13),
-            Category::Faulting => (253, 174, 107),
-            Category::Pinning => (49, 130, 189),
-            Category::IommuMap => (49, 163, 84),
-            Category::IommuFlush => (161, 217, 155),
-            Category::Accounting => (117, 107, 177),
-            Category::User => (189, 189, 189),
-            Category::Other => (222, 222, 222),
-        }
+fn exact_row(row: usize, st: &RowStats, mechanism: AttachedBy) -> ExactRow {
+    let r = &PROBE_TABLE[row];
+    ExactRow {
+        function: r.function.into(),
+        category: r.category(),
+        mechanism,
+        calls: st.calls,
+        inclusive_ns: st.inclusive_ns,
+        exclusive_ns: st.exclusive_ns,
+        amount: st.amount,
+        unit: r.amount.map(|(_, u)| u),
     }
 }
 
-/// Kernel function patterns and their category. A trailing `*` makes a prefix match.
-/// Order does not matter between rows: the stack decides (leaf-most known frame wins).
-pub const CATEGORY_RULES: &[(&str, Category)] = &[
-    // Zeroing: per-page clears and the huge-page zeroing loop.
-    ("clear_page*", Category::Zeroing),
-    ("clear_huge_page", Category::Zeroing),
-    ("folio_zero_user", Category::Zeroing),
-    ("clear_subpage", Category::Zeroing),
-    ("clear_user_highpage*", Category::Zeroing),
-    ("clear_highpage*", Category::Zeroing),
-    ("process_huge_page", Category::Zeroing),
-    ("kernel_init_pages", Category::Zeroing),
-    // Faulting: the fault handlers and the page allocator below them.
-    ("handle_mm_fault", Category::Faulting),
-    ("__handle_mm_fault", Category::Faulting),
-    ("hugetlb_fault", Category::Faulting),
-    ("hugetlb_no_page", Category::Faulting),
-    ("do_anonymous_page", Category::Faulting),
-    ("do_huge_pmd_anonymous_page", Category::Faulting),
-    ("do_fault", Category::Faulting),
-    ("do_user_addr_fault", Category::Faulting),
-    ("exc_page_fault", Category::Faulting),
-    ("asm_exc_page_fault", Category::Faulting),
-    ("shmem_fault", Category::Faulting),
-    ("shmem_get_folio_gfp", Category::Faulting),
-    ("alloc_hugetlb_folio", Category::Faulting),
-    ("__alloc_pages*", Category::Faulting),
-    ("alloc_pages*", Category::Faulting),
-    ("vma_alloc_folio*", Category::Faulting),
-    ("folio_alloc*", Category::Faulting),
-    // Pinning: GUP and the VFIO/iommufd pinning wrappers.
-    ("pin_user_pages*", Category::Pinning),
-    ("get_user_pages*", Category::Pinning),
-    ("__get_user_pages*", Category::Pinning),
-    ("__gup_longterm_locked", Category::Pinning),
-    ("gup_*", Category::Pinning),
-    ("follow_page*", Category::Pinning),
-    ("memfd_pin_folios", Category::Pinning),
-    ("populate_vma_page_range", Category::Pinning),
-    ("__mm_populate", Category::Pinning),
-    ("vfio_pin_pages_remote", Category::Pinning),
-    ("vaddr_get_pfns", Category::Pinning),
-    ("pfn_reader_*", Category::Pinning),
-    ("batch_from_*", Category::Pinning),
-    ("batch_add_pfn*", Category::Pinning),
-    // IOMMU programming: page-table writes.
-    ("iommu_map", Category::IommuMap),
-    ("iommu_map_nosync", Category::IommuMap),
-    ("__iommu_map", Category::IommuMap),
-    ("iommu_map_pages", Category::IommuMap),
-    ("intel_iommu_map_pages", Category::IommuMap),
-    ("amd_iommu_map_pages", Category::IommuMap),
-    ("vfio_iommu_map", Category::IommuMap),
-    ("batch_to_domain", Category::IommuMap),
-    ("iopt_area_fill_domain*", Category::IommuMap),
-    ("iommu_unmap*", Category::IommuMap),
-    ("__iommu_unmap", Category::IommuMap),
-    // IOMMU flushes: IOTLB sync, caching-mode flushes, invalidation queue.
-    ("iommu_sync_map", Category::IommuFlush),
-    ("iommu_iotlb_sync*", Category::IommuFlush),
-    ("iommu_flush_iotlb_all", Category::IommuFlush),
-    ("intel_iommu_iotlb_sync_map", Category::IommuFlush),
-    ("intel_flush_iotlb_all", Category::IommuFlush),
-    ("cache_tag_flush_*", Category::IommuFlush),
-    ("qi_submit_sync", Category::IommuFlush),
-    ("qi_flush_*", Category::IommuFlush),
-    ("domain_flush_*", Category::IommuFlush),
-    // Accounting: locked_vm.
-    ("__account_locked_vm", Category::Accounting),
-    ("account_locked_vm", Category::Accounting),
-    ("mm_lock_acct", Category::Accounting),
-    ("vfio_lock_acct", Category::Accounting),
-    ("incr_user_locked_vm", Category::Accounting),
-    ("decr_user_locked_vm", Category::Accounting),
-    ("update_mm_locked_vm", Category::Accounting),
-    ("iopt_pages_update_pinned", Category::Accounting),
-];
-
-/// Category of one kernel function name per [`CATEGORY_RULES`], if the table knows it.
-pub fn category_of(function: &str) -> Option<Category> {
-    CATEGORY_RULES.iter().find_map(|(pattern, cat)| {
-        let hit = match pattern.strip_suffix('*') {
-            Some(prefix) => function.starts_with(prefix),
-            None => function == *pattern,
-        };
-        hit.then_some(*cat)
+/// One phase's report from its iterations, counters and samples.
+fn phase_report(phase: Phase, input: &CaseInput, cats: CategoryCounts) -> Option<PhaseReport> {
+    let per_iter: Vec<&PhaseRun> = input
+        .runs
+        .iter()
+        .filter_map(|r| r.iter().find(|p| p.phase == phase))
+        .collect();
+    if per_iter.is_empty() {
+        return None;
+    }
+    let counters: Vec<PhaseCounters> = (0..input.runs.len() as u32)
+        .map(|i| {
+            let s = slot(i, phase);
+            input
+                .drained
+                .counters
+                .iter()
+                .find(|(sl, _)| *sl == s)
+                .map(|(_, c)| *c)
+                .unwrap_or_default()
+        })
+        .collect();
+    let wall = Stats::of(per_iter.iter().map(|p| p.wall_ns).collect());
+    let med = |f: fn(&PhaseCounters) -> u64| Stats::of(counters.iter().map(f).collect()).median;
+    let size = input.workload.size.bytes();
+    let moves_memory = !matches!(phase, Phase::Close | Phase::MemfdCreate);
+    let gib_per_s = if wall.median > 0 && moves_memory {
+        size as f64 / (1u64 << 30) as f64 / (wall.median as f64 / 1e9)
+    } else {
+        0.0
+    };
+    let untraced_ns = input
+        .untraced
+        .and_then(|u| u.iter().find(|p| p.phase == phase))
+        .map(|p| p.wall_ns);
+    let case = input.workload.case.name();
+    Some(PhaseReport {
+        name: phase,
+        overhead: untraced_ns.filter(|u| *u > 0).map(|u| wall.median as f64 / u as f64),
+        untraced_ns,
+        exact: exact_breakdown(phase, &per_iter, &counters, input),
+        kernel_ns: Stats::of(counters.iter().map(|c| c.syscall_ns).collect()),
+        wall_ns: wall,
+        gib_per_s,
+        sampled: Sampled {
+            samples: cats.total(),
+            lost: counters.iter().map(|c| c.lost_samples).sum(),
+            categories: cats.shares(),
+        },
+        counters: Counters {
+            faults: med(|c| c.user_faults),
+            minor_faults: Stats::of(per_iter.iter().map(|p| p.minor_faults).collect()).median,
+            major_faults: Stats::of(per_iter.iter().map(|p| p.major_faults).collect()).median,
+            syscalls: med(|c| c.syscalls),
+            unbalanced: counters.iter().map(|c| c.unbalanced).sum(),
+        },
+        folded: format!("{case}/{}.folded", phase.name()),
+        flamegraph: format!("{case}/{}.svg", phase.name()),
     })
 }
 
-/// Classifies one sample by its kernel frames, given leaf first. No kernel frames: user time.
-pub fn classify<'a>(kernel_frames_leaf_first: impl IntoIterator<Item = &'a str>) -> Category {
-    let mut any = false;
-    for f in kernel_frames_leaf_first {
-        any = true;
-        if let Some(c) = category_of(f) {
-            return c;
+/// phase -> category -> function, weighted by exact exclusive ns (median iterations), with the
+/// syscall time no row covered and the unattributed rest as their own frames.
+pub fn summary_folded(phases: &[PhaseReport]) -> Folded {
+    let mut f = Folded::default();
+    for p in phases {
+        let name = p.name.name();
+        let mut covered = 0;
+        for r in &p.exact.rows {
+            f.add([name, &format!("cat:{}", r.category), &r.function], r.exclusive_ns);
+            if r.category == Category::Other {
+                covered += r.exclusive_ns;
+            }
+        }
+        let other = p.exact.categories.get(&Category::Other).copied().unwrap_or(0);
+        f.add(
+            [name, "cat:other", "[syscall, unprobed]"],
+            other.saturating_sub(covered),
+        );
+        f.add([name, "[unattributed]"], p.exact.unattributed_ns.max(0) as u64);
+    }
+    f.stacks.retain(|_, n| *n > 0);
+    f
+}
+
+/// Builds a case's report from what was measured and recorded.
+pub fn case_report(input: &CaseInput) -> CaseOutput {
+    let mut sampled = sampled_by_phase(&input.drained.samples, input.symbols);
+    let mut phases = Vec::new();
+    let mut folded = Vec::new();
+    for &phase in PHASES {
+        let (cats, f) = sampled.remove(&phase).unwrap_or_default();
+        if let Some(p) = phase_report(phase, input, cats) {
+            phases.push(p);
+            folded.push((phase, f));
         }
     }
-    if any { Category::Other } else { Category::User }
-}
-
-/// Sample counts per category, and the derived shares.
-#[derive(Clone, Debug, Default)]
-pub struct CategoryCounts {
-    /// Samples per category.
-    pub counts: BTreeMap<Category, u64>,
-}
-
-impl CategoryCounts {
-    /// Adds `n` samples to `cat`.
-    pub fn add(&mut self, cat: Category, n: u64) {
-        *self.counts.entry(cat).or_default() += n;
-    }
-
-    /// Total samples.
-    pub fn total(&self) -> u64 {
-        self.counts.values().sum()
-    }
-
-    /// Share of each category (all categories present, 0.0 where no samples), summing to 1.
-    pub fn shares(&self) -> BTreeMap<&'static str, f64> {
-        let total = self.total();
-        CATEGORIES
-            .iter()
-            .map(|c| {
-                let n = self.counts.get(c).copied().unwrap_or(0);
-                (c.name(), if total == 0 { 0.0 } else { n as f64 / total as f64 })
-            })
-            .collect()
+    let w = input.workload;
+    let name = w.case.name();
+    CaseOutput {
+        summary: summary_folded(&phases),
+        folded,
+        report: CaseReport {
+            summary_flamegraph: Some(format!("{name}/summary.svg")),
+            name,
+            iommu_mode: w.case.mode,
+            backing: w.case.backing,
+            prefault: w.case.prefault,
+            map_ioctl: w
+                .case
+                .mode
+                .map(|m| dma::map_ioctl(m, w.case.backing.memfd()).to_owned()),
+            size_bytes: w.size.bytes(),
+            page_size: w.case.backing.page_size(),
+            phases,
+        },
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::matrix::{Backing, Case, DmaMode, Prefault};
 
-    #[test]
-    fn leafmost_known_frame_wins() {
-        let populate = [
-            "clear_page_erms",
-            "folio_zero_user",
-            "do_anonymous_page",
-            "handle_mm_fault",
-            "__get_user_pages",
-        ];
-        assert_eq!(classify(populate), Category::Zeroing);
-        let alloc = [
-            "rmqueue",
-            "get_page_from_freelist",
-            "__alloc_pages_noprof",
-            "handle_mm_fault",
-        ];
-        assert_eq!(classify(alloc), Category::Faulting);
-        let gup = [
-            "follow_page_mask",
-            "__get_user_pages",
-            "pin_user_pages_remote",
-            "vfio_pin_pages_remote",
-        ];
-        assert_eq!(classify(gup), Category::Pinning);
-        let flush = [
-            "qi_submit_sync",
-            "cache_tag_flush_range_np",
-            "intel_iommu_iotlb_sync_map",
-            "iommu_sync_map",
-            "iommu_map",
-        ];
-        assert_eq!(classify(flush), Category::IommuFlush);
-        let pt = ["_raw_spin_lock", "intel_iommu_map_pages", "iommu_map"];
-        assert_eq!(classify(pt), Category::IommuMap);
-        assert_eq!(
-            classify(["__account_locked_vm", "vfio_lock_acct"]),
-            Category::Accounting
-        );
-        assert_eq!(classify(["unmap_page_range", "do_syscall_64"]), Category::Other);
-        assert_eq!(classify([]), Category::User);
+    fn row(name: &str) -> usize {
+        PROBE_TABLE.iter().position(|r| r.function == name).unwrap()
+    }
+
+    fn run(phase: Phase, wall_ns: u64) -> PhaseRun {
+        PhaseRun {
+            phase,
+            wall_ns,
+            minor_faults: 0,
+            major_faults: 0,
+        }
+    }
+
+    fn stats(exclusive_ns: u64) -> RowStats {
+        RowStats {
+            calls: 2,
+            inclusive_ns: exclusive_ns,
+            exclusive_ns,
+            amount: 8,
+        }
     }
 
     #[test]
-    fn shares_cover_every_category() {
-        let mut c = CategoryCounts::default();
-        c.add(Category::Zeroing, 3);
-        c.add(Category::Faulting, 1);
-        let s = c.shares();
-        assert_eq!(s.len(), CATEGORIES.len());
-        assert!((s["zeroing"] - 0.75).abs() < 1e-9);
-        assert!((s.values().sum::<f64>() - 1.0).abs() < 1e-9);
+    fn a_synthetic_case_adds_up() {
+        let w = Workload {
+            case: Case {
+                mode: Some(DmaMode::VfioType1Iommu),
+                backing: Backing::Anonymous,
+                prefault: Prefault::None,
+            },
+            size: "1M".parse().unwrap(),
+        };
+        let runs = vec![vec![
+            run(Phase::Mmap, 100),
+            run(Phase::Map, 1_000),
+            run(Phase::Unmap, 50),
+        ]];
+        let map = slot(0, Phase::Map);
+        let drained = Drained {
+            counters: vec![(
+                map,
+                PhaseCounters {
+                    syscall_ns: 900,
+                    samples: 3,
+                    ..Default::default()
+                },
+            )],
+            samples: vec![
+                RawSample {
+                    slot: map,
+                    kernel: vec![0x2010, 0x1010],
+                    count: 2,
+                },
+                RawSample {
+                    slot: map,
+                    kernel: vec![],
+                    count: 1,
+                },
+            ],
+            rows: vec![
+                (map, row("pin_user_pages_remote"), stats(500)),
+                (map, row("iommu_map"), stats(300)),
+            ],
+        };
+        let symbols = KernelSymbols::from_pairs(vec![
+            (0x1000, "vfio_pin_pages_remote".into()),
+            (0x2000, "pin_user_pages_remote".into()),
+        ]);
+        let rows = [
+            (row("pin_user_pages_remote"), AttachedBy::Fentry),
+            (row("iommu_map"), AttachedBy::Kprobe),
+        ];
+        let out = case_report(&CaseInput {
+            workload: &w,
+            runs: &runs,
+            untraced: Some(&[run(Phase::Map, 800)]),
+            drained: &drained,
+            symbols: Some(&symbols),
+            rows: &rows,
+        });
+        let p = out.report.phases.iter().find(|p| p.name == Phase::Map).unwrap();
+        let e = &p.exact;
+        assert_eq!(e.categories[&Category::Pinning], 500);
+        assert_eq!(e.categories[&Category::IommuMap], 300);
+        assert_eq!(e.categories[&Category::Other], 100);
+        assert_eq!(e.unattributed_ns, 100);
+        assert_eq!(e.categories.values().sum::<u64>() as i64 + e.unattributed_ns, 1_000);
+        let mech = |f: &str| e.rows.iter().find(|r| r.function == f).unwrap().mechanism;
+        assert_eq!(mech("pin_user_pages_remote"), AttachedBy::Fentry);
+        assert_eq!(mech("iommu_map"), AttachedBy::Kprobe);
+        assert_eq!(p.sampled.samples, 3);
+        assert!((p.sampled.categories[&Category::Pinning] - 2.0 / 3.0).abs() < 1e-9);
+        assert!((p.sampled.categories[&Category::User] - 1.0 / 3.0).abs() < 1e-9);
+        assert_eq!(p.overhead, Some(1.25));
+        assert_eq!(out.report.map_ioctl.as_deref(), Some("VFIO_IOMMU_MAP_DMA"));
+        let (_, f) = out.folded.iter().find(|(ph, _)| *ph == Phase::Map).unwrap();
+        assert_eq!(f.stacks["map;vfio_pin_pages_remote;pin_user_pages_remote"], 2);
+        assert_eq!(f.stacks["map;[user]"], 1);
+        assert_eq!(out.summary.stacks["map;cat:pinning;pin_user_pages_remote"], 500);
+        assert_eq!(out.summary.stacks["map;[unattributed]"], 100);
+        assert!(out.report.phases.iter().all(|p| p.name != Phase::Touch));
+    }
+
+    #[test]
+    fn slots_round_trip() {
+        for it in 0..3 {
+            for &p in PHASES {
+                assert_eq!(phase_of_slot(slot(it, p)), Some(p));
+                assert!(slot(it, p) < slots(3));
+            }
+        }
+        assert_eq!(phase_of_slot(0), None);
     }
 }

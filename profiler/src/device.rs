@@ -3,8 +3,9 @@
 use std::{
     fs,
     path::{Path, PathBuf},
-    sync::Mutex,
 };
+
+use crate::{stop, sys::link_name};
 
 /// Why a device cannot be used.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -74,12 +75,6 @@ fn sysfs(bdf: &str) -> PathBuf {
     Path::new("/sys/bus/pci/devices").join(bdf)
 }
 
-fn link_name(p: &Path) -> Option<String> {
-    fs::read_link(p)
-        .ok()
-        .and_then(|l| l.file_name().map(|n| n.to_string_lossy().into_owned()))
-}
-
 /// The driver a device is bound to, if any.
 pub fn driver_of(bdf: &str) -> Option<String> {
     link_name(&sysfs(bdf).join("driver"))
@@ -94,21 +89,33 @@ pub struct Device {
     pub group: String,
     /// The VFIO cdev (`/dev/vfio/devices/vfioN`), when the kernel has one.
     pub cdev: Option<PathBuf>,
-    _binding: Option<Binding>,
+    /// Restores the device's original driver (with `--bind`) when the device is dropped.
+    restore: Option<stop::UndoToken>,
 }
 
-/// Restores a device's original driver when dropped.
-#[derive(Debug)]
-struct Binding {
-    bdf: String,
-    original: Option<String>,
+impl Drop for Device {
+    fn drop(&mut self) {
+        if let Some(t) = self.restore.take() {
+            t.run();
+        }
+    }
 }
 
-/// Bindings to undo on an emergency exit.
-static TO_RESTORE: Mutex<Vec<(String, Option<String>)>> = Mutex::new(Vec::new());
+/// A sysfs write that failed.
+#[derive(Debug, thiserror::Error)]
+#[error("writing `{value}` to {path}: {source}")]
+struct SysfsWrite {
+    value: String,
+    path: String,
+    source: std::io::Error,
+}
 
-fn write(path: PathBuf, value: &str) -> Result<(), String> {
-    fs::write(&path, value).map_err(|e| format!("writing `{value}` to {}: {e}", path.display()))
+fn write(path: PathBuf, value: &str) -> Result<(), SysfsWrite> {
+    fs::write(&path, value).map_err(|source| SysfsWrite {
+        value: value.to_owned(),
+        path: path.display().to_string(),
+        source,
+    })
 }
 
 fn restore_binding(bdf: &str, original: Option<&str>) {
@@ -119,33 +126,22 @@ fn restore_binding(bdf: &str, original: Option<&str>) {
     }
 }
 
-impl Drop for Binding {
-    fn drop(&mut self) {
-        let mut list = TO_RESTORE.lock().unwrap_or_else(|e| e.into_inner());
-        list.retain(|(b, _)| *b != self.bdf);
-        restore_binding(&self.bdf, self.original.as_deref());
-    }
-}
-
-/// Puts every device bound by `--bind` back (emergency exit path).
-pub fn restore_all() {
-    let mut list = TO_RESTORE.lock().unwrap_or_else(|e| e.into_inner());
-    for (bdf, original) in list.drain(..) {
-        restore_binding(&bdf, original.as_deref());
-    }
-}
-
-fn bind_vfio(bdf: &str) -> Result<(), String> {
-    write(sysfs(bdf).join("driver_override"), "vfio-pci")?;
+fn bind_vfio(bdf: &str) -> Result<(), DeviceError> {
+    let bind_err = |why: String| DeviceError::Bind {
+        bdf: bdf.to_owned(),
+        why,
+    };
+    let step = |path: PathBuf, value: &str| write(path, value).map_err(|e| bind_err(e.to_string()));
+    step(sysfs(bdf).join("driver_override"), "vfio-pci")?;
     if sysfs(bdf).join("driver").exists() {
-        write(sysfs(bdf).join("driver/unbind"), bdf)?;
+        step(sysfs(bdf).join("driver/unbind"), bdf)?;
     }
-    write(PathBuf::from("/sys/bus/pci/drivers_probe"), bdf)?;
+    step(PathBuf::from("/sys/bus/pci/drivers_probe"), bdf)?;
     match driver_of(bdf) {
         Some(d) if d == "vfio-pci" => Ok(()),
-        other => Err(format!(
+        other => Err(bind_err(format!(
             "after drivers_probe it is bound to {other:?} (is the vfio-pci module loaded?)"
-        )),
+        ))),
     }
 }
 
@@ -156,19 +152,18 @@ impl Device {
         if !sysfs(&bdf).exists() {
             return Err(DeviceError::NotFound(bdf));
         }
-        let mut binding = None;
+        let mut restore = None;
         match driver_of(&bdf) {
             Some(d) if d == "vfio-pci" => {}
             other if bind => {
-                TO_RESTORE
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push((bdf.clone(), other.clone()));
-                binding = Some(Binding {
-                    bdf: bdf.clone(),
-                    original: other,
-                });
-                bind_vfio(&bdf).map_err(|why| DeviceError::Bind { bdf: bdf.clone(), why })?;
+                let (b, original) = (bdf.clone(), other.clone());
+                let what = format!("{bdf} back to {}", other.as_deref().unwrap_or("no driver"));
+                let token = stop::on_exit(what, move || restore_binding(&b, original.as_deref()));
+                if let Err(e) = bind_vfio(&bdf) {
+                    token.run();
+                    return Err(e);
+                }
+                restore = Some(token);
             }
             other => {
                 return Err(DeviceError::BoundElsewhere {
@@ -177,42 +172,55 @@ impl Device {
                 });
             }
         }
-        let group = link_name(&sysfs(&bdf).join("iommu_group")).ok_or_else(|| DeviceError::NoGroup(bdf.clone()))?;
-        let others: Vec<String> = fs::read_dir(format!("/sys/kernel/iommu_groups/{group}/devices"))
-            .map(|d| {
-                d.flatten()
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect()
-            })
-            .unwrap_or_default();
-        let blocking: Vec<String> = others
-            .iter()
-            .filter(|o| **o != bdf)
-            .filter_map(|o| match driver_of(o) {
-                Some(d) if d != "vfio-pci" && d != "pcieport" => Some(format!("{o} ({d})")),
-                _ => None,
-            })
-            .collect();
-        if !blocking.is_empty() {
-            return Err(DeviceError::NotViable {
+        match group_and_cdev(&bdf) {
+            Ok((group, cdev)) => Ok(Self {
                 bdf,
                 group,
-                others: blocking.join(", "),
-            });
+                cdev,
+                restore,
+            }),
+            Err(e) => {
+                if let Some(t) = restore {
+                    t.run();
+                }
+                Err(e)
+            }
         }
-        let cdev = fs::read_dir(sysfs(&bdf).join("vfio-dev"))
-            .ok()
-            .and_then(|mut d| d.next())
-            .and_then(|e| e.ok())
-            .map(|e| Path::new("/dev/vfio/devices").join(e.file_name()))
-            .filter(|p| p.exists());
-        Ok(Self {
-            bdf,
-            group,
-            cdev,
-            _binding: binding,
-        })
     }
+}
+
+/// The device's IOMMU group, checked to be viable, and its VFIO cdev if the kernel has one.
+fn group_and_cdev(bdf: &str) -> Result<(String, Option<PathBuf>), DeviceError> {
+    let group = link_name(&sysfs(bdf).join("iommu_group")).ok_or_else(|| DeviceError::NoGroup(bdf.to_owned()))?;
+    let others: Vec<String> = fs::read_dir(format!("/sys/kernel/iommu_groups/{group}/devices"))
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    let blocking: Vec<String> = others
+        .iter()
+        .filter(|o| **o != bdf)
+        .filter_map(|o| match driver_of(o) {
+            Some(d) if d != "vfio-pci" && d != "pcieport" => Some(format!("{o} ({d})")),
+            _ => None,
+        })
+        .collect();
+    if !blocking.is_empty() {
+        return Err(DeviceError::NotViable {
+            bdf: bdf.to_owned(),
+            group,
+            others: blocking.join(", "),
+        });
+    }
+    let cdev = fs::read_dir(sysfs(bdf).join("vfio-dev"))
+        .ok()
+        .and_then(|mut d| d.next())
+        .and_then(|e| e.ok())
+        .map(|e| Path::new("/dev/vfio/devices").join(e.file_name()))
+        .filter(|p| p.exists());
+    Ok((group, cdev))
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 //! `iommufd-bindings`; the ioctl numbers (`_IO(';', nr)`) are spelled out here because those
 //! crates do not carry them.
 use std::{
-    fs::{File, OpenOptions},
+    fs::File,
     io,
     os::fd::{AsRawFd as _, RawFd},
     path::Path,
@@ -15,14 +15,16 @@ use std::{
 use iommufd_bindings as iofd;
 use vfio_bindings::bindings::vfio;
 
-use crate::{device::Device, matrix::IommuMode};
+use crate::{device::Device, matrix::DmaMode};
 
 const fn io(nr: u32) -> libc::c_ulong {
     ((b';' as u32) << 8 | nr) as libc::c_ulong
 }
 const VFIO_BASE: u32 = 100;
-const VFIO_GET_API_VERSION: libc::c_ulong = io(VFIO_BASE);
-const VFIO_CHECK_EXTENSION: libc::c_ulong = io(VFIO_BASE + 1);
+/// `VFIO_GET_API_VERSION`.
+pub const VFIO_GET_API_VERSION: libc::c_ulong = io(VFIO_BASE);
+/// `VFIO_CHECK_EXTENSION`.
+pub const VFIO_CHECK_EXTENSION: libc::c_ulong = io(VFIO_BASE + 1);
 const VFIO_SET_IOMMU: libc::c_ulong = io(VFIO_BASE + 2);
 const VFIO_GROUP_GET_STATUS: libc::c_ulong = io(VFIO_BASE + 3);
 const VFIO_GROUP_SET_CONTAINER: libc::c_ulong = io(VFIO_BASE + 4);
@@ -37,7 +39,12 @@ const IOMMU_IOAS_ALLOC: libc::c_ulong = io(iofd::IOMMUFD_CMD_IOAS_ALLOC);
 const IOMMU_IOAS_IOVA_RANGES: libc::c_ulong = io(iofd::IOMMUFD_CMD_IOAS_IOVA_RANGES);
 const IOMMU_IOAS_MAP: libc::c_ulong = io(iofd::IOMMUFD_CMD_IOAS_MAP);
 const IOMMU_IOAS_UNMAP: libc::c_ulong = io(iofd::IOMMUFD_CMD_IOAS_UNMAP);
-const IOMMU_IOAS_MAP_FILE: libc::c_ulong = io(iofd::IOMMUFD_CMD_IOAS_MAP_FILE);
+/// The type1 IOMMU backend (VFIO_CHECK_EXTENSION / VFIO_SET_IOMMU argument).
+pub const VFIO_TYPE1_IOMMU: u32 = vfio::VFIO_TYPE1_IOMMU;
+/// The type1v2 IOMMU backend.
+pub const VFIO_TYPE1V2_IOMMU: u32 = vfio::VFIO_TYPE1v2_IOMMU;
+/// `IOMMU_IOAS_MAP_FILE` (6.13+).
+pub const IOMMU_IOAS_MAP_FILE: libc::c_ulong = io(iofd::IOMMUFD_CMD_IOAS_MAP_FILE);
 
 /// A failed DMA step, with the errno and what it usually means.
 #[derive(Debug, thiserror::Error)]
@@ -70,14 +77,10 @@ fn err(step: impl Into<String>) -> DmaError {
 }
 
 fn open_rw(path: &Path) -> Result<File, DmaError> {
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .map_err(|source| DmaError {
-            step: format!("open {}", path.display()),
-            source,
-        })
+    crate::sys::open_rw(path).map_err(|source| DmaError {
+        step: format!("open {}", path.display()),
+        source,
+    })
 }
 
 /// ioctl with a pointer argument; `Ok(ret)` when it returns >= 0.
@@ -138,24 +141,23 @@ pub struct DmaContext {
 }
 
 /// Which ioctl a mode uses for the map phase.
-pub fn map_ioctl(mode: IommuMode, memfd: bool) -> &'static str {
+pub fn map_ioctl(mode: DmaMode, memfd: bool) -> &'static str {
     match (mode, memfd) {
-        (IommuMode::Iommufd, true) => "IOMMU_IOAS_MAP_FILE",
-        (IommuMode::Iommufd, false) => "IOMMU_IOAS_MAP",
+        (DmaMode::Iommufd, true) => "IOMMU_IOAS_MAP_FILE",
+        (DmaMode::Iommufd, false) => "IOMMU_IOAS_MAP",
         _ => "VFIO_IOMMU_MAP_DMA",
     }
 }
 
 impl DmaContext {
     /// Sets up `mode` for `device` and picks an IOVA for `size` bytes aligned to `align`.
-    pub fn open(mode: IommuMode, device: &Device, memfd: bool, size: u64, align: u64) -> Result<Self, DmaError> {
+    pub fn open(mode: DmaMode, device: &Device, memfd: bool, size: u64, align: u64) -> Result<Self, DmaError> {
         let (backend, ranges) = match mode {
-            IommuMode::None => unreachable!("mode none maps nothing"),
-            IommuMode::Iommufd => open_iommufd(device)?,
-            IommuMode::VfioType1Iommu
-            | IommuMode::VfioType1v2Iommu
-            | IommuMode::IommufdCompatType1
-            | IommuMode::IommufdCompatType1v2 => open_container(mode, device)?,
+            DmaMode::Iommufd => open_iommufd(device)?,
+            DmaMode::VfioType1Iommu
+            | DmaMode::VfioType1v2Iommu
+            | DmaMode::IommufdCompatType1
+            | DmaMode::IommufdCompatType1v2 => open_container(mode, device)?,
         };
         let iova = choose_iova(&ranges, size, align).ok_or_else(|| DmaError {
             step: format!("choosing an IOVA for {size} bytes in {ranges:x?}"),
@@ -165,7 +167,7 @@ impl DmaContext {
             backend,
             iova,
             mapped: None,
-            use_map_file: mode == IommuMode::Iommufd && memfd,
+            use_map_file: mode == DmaMode::Iommufd && memfd,
         })
     }
 
@@ -267,11 +269,11 @@ impl Drop for DmaContext {
     }
 }
 
-fn open_container(mode: IommuMode, device: &Device) -> Result<(Backend, Vec<IovaRange>), DmaError> {
+fn open_container(mode: DmaMode, device: &Device) -> Result<(Backend, Vec<IovaRange>), DmaError> {
     let (path, iommu_type) = match mode {
-        IommuMode::VfioType1Iommu => ("/dev/vfio/vfio", vfio::VFIO_TYPE1_IOMMU),
-        IommuMode::VfioType1v2Iommu => ("/dev/vfio/vfio", vfio::VFIO_TYPE1v2_IOMMU),
-        IommuMode::IommufdCompatType1 => ("/dev/iommu", vfio::VFIO_TYPE1_IOMMU),
+        DmaMode::VfioType1Iommu => ("/dev/vfio/vfio", vfio::VFIO_TYPE1_IOMMU),
+        DmaMode::VfioType1v2Iommu => ("/dev/vfio/vfio", vfio::VFIO_TYPE1v2_IOMMU),
+        DmaMode::IommufdCompatType1 => ("/dev/iommu", vfio::VFIO_TYPE1_IOMMU),
         _ => ("/dev/iommu", vfio::VFIO_TYPE1v2_IOMMU),
     };
     let container = open_rw(Path::new(path))?;

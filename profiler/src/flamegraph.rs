@@ -1,7 +1,7 @@
 //! Folded stacks (Brendan Gregg's format) and SVG flamegraphs (rendered by inferno).
 use std::{collections::BTreeMap, fs, io, path::Path};
 
-use crate::attribution::{CATEGORIES, Category, category_of};
+use crate::category::{CATEGORIES, Category, category_of};
 
 /// The category a flamegraph frame is coloured with: the table's category for kernel functions
 /// it knows, `user` for user-space frames, `other` for the rest.

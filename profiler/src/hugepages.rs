@@ -1,11 +1,45 @@
 //! hugetlb page reservation: raise `nr_hugepages` of one size for a case, and put it back.
 //!
-//! Every reservation is also recorded in a process-wide list, so that an emergency exit
-//! (a second Ctrl-C) can restore the counts even while the workload thread is busy.
-use std::{fs, path::PathBuf, sync::Mutex};
+//! Every raised pool is also registered with [`crate::stop`], so that an emergency exit (a
+//! second Ctrl-C) restores the count even while the workload thread is busy.
+use std::{fs, path::PathBuf};
 
-/// Pool sizes to restore: (nr_hugepages path, previous value).
-static TO_RESTORE: Mutex<Vec<(PathBuf, u64)>> = Mutex::new(Vec::new());
+use crate::{size::HumanSize, stop};
+
+/// Why a case's hugepages could not be had (the case is skipped with it).
+#[derive(Debug, thiserror::Error)]
+pub enum HugepageError {
+    /// The kernel has no pool of that size.
+    #[error("this kernel offers no {size} hugetlb pages ({path} missing)")]
+    NoPool {
+        /// Page size.
+        size: HumanSize,
+        /// The missing file.
+        path: String,
+    },
+    /// The pool could not be raised.
+    #[error("cannot raise {path} to {want}: {source} (run as root)")]
+    Raise {
+        /// nr_hugepages.
+        path: String,
+        /// The value tried.
+        want: u64,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Raised, but the kernel found fewer pages.
+    #[error("needs {pages} free {size} hugepages, the kernel could provide only {got}{hint}")]
+    Short {
+        /// Pages needed.
+        pages: u64,
+        /// Pages free after raising.
+        got: u64,
+        /// Page size.
+        size: HumanSize,
+        /// What usually helps.
+        hint: &'static str,
+    },
+}
 
 /// One hugetlb pool's counters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -52,54 +86,58 @@ pub fn pools() -> Vec<Pool> {
 /// A pool of `size_kb` pages with at least `pages` free, for as long as it lives.
 #[derive(Debug)]
 pub struct Reservation {
-    path: PathBuf,
-    previous: u64,
+    restore: Option<stop::UndoToken>,
+}
+
+fn write_pool(path: &PathBuf, value: u64) -> std::io::Result<()> {
+    fs::write(path, value.to_string())
 }
 
 impl Reservation {
     /// Makes sure `pages` pages of `size_kb` are free, raising nr_hugepages as needed.
-    /// The error is the reason the case cannot run (it is skipped with it).
-    pub fn reserve(size_kb: u64, pages: u64) -> Result<Self, String> {
+    pub fn reserve(size_kb: u64, pages: u64) -> Result<Self, HugepageError> {
         let dir = pool_dir(size_kb);
         let path = dir.join("nr_hugepages");
-        let human = if size_kb >= 1 << 20 {
-            format!("{} GiB", size_kb >> 20)
-        } else {
-            format!("{} MiB", size_kb >> 10)
-        };
+        let size = HumanSize(size_kb * 1024);
         let (Some(total), Some(free)) = (read_u64(&path), read_u64(&dir.join("free_hugepages"))) else {
-            return Err(format!(
-                "this kernel offers no {human} hugetlb pages ({} missing)",
-                path.display()
-            ));
-        };
-        let this = Self {
-            path: path.clone(),
-            previous: total,
+            return Err(HugepageError::NoPool {
+                size,
+                path: path.display().to_string(),
+            });
         };
         if free >= pages {
-            return Ok(this);
+            return Ok(Self { restore: None });
         }
         let want = total + (pages - free);
-        TO_RESTORE
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((path.clone(), total));
-        if let Err(e) = fs::write(&path, want.to_string()) {
-            drop(this);
-            return Err(format!("cannot raise {} to {want}: {e} (run as root)", path.display()));
+        let undo_path = path.clone();
+        let this = Self {
+            restore: Some(stop::on_exit(
+                format!("{} back to {total}", path.display()),
+                move || {
+                    if let Err(e) = write_pool(&undo_path, total) {
+                        eprintln!(
+                            "dmaprof: warning: could not restore {} to {total}: {e}",
+                            undo_path.display()
+                        );
+                    }
+                },
+            )),
+        };
+        if let Err(source) = write_pool(&path, want) {
+            return Err(HugepageError::Raise {
+                path: path.display().to_string(),
+                want,
+                source,
+            });
         }
         let got = read_u64(&dir.join("free_hugepages")).unwrap_or(0);
         if got < pages {
-            drop(this);
             let hint = if size_kb >= 1 << 20 {
                 "; 1 GiB pages usually need hugepagesz=1G hugepages=N on the kernel command line"
             } else {
                 "; memory is too fragmented or too small"
             };
-            return Err(format!(
-                "needs {pages} free {human} hugepages, the kernel could provide only {got}{hint}"
-            ));
+            return Err(HugepageError::Short { pages, got, size, hint });
         }
         Ok(this)
     }
@@ -107,24 +145,8 @@ impl Reservation {
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        let mut list = TO_RESTORE.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(i) = list.iter().rposition(|(p, _)| *p == self.path) {
-            list.remove(i);
-            if let Err(e) = fs::write(&self.path, self.previous.to_string()) {
-                eprintln!(
-                    "dmaprof: warning: could not restore {} to {}: {e}",
-                    self.path.display(),
-                    self.previous
-                );
-            }
+        if let Some(t) = self.restore.take() {
+            t.run();
         }
-    }
-}
-
-/// Restores every pool still raised (emergency exit path).
-pub fn restore_all() {
-    let mut list = TO_RESTORE.lock().unwrap_or_else(|e| e.into_inner());
-    while let Some((path, previous)) = list.pop() {
-        let _ = fs::write(&path, previous.to_string());
     }
 }

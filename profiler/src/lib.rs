@@ -1,22 +1,41 @@
 //! dmaprof: runs the mmap / populate / DMA-map workload and attributes where its time goes.
 //!
-//! Data flows one way: options -> [`matrix`] of cases -> [`workload`] phases -> [`probes`]
-//! (attach, read maps) -> [`attribution`] -> [`report`] / [`flamegraph`].
+//! Data flows one way: [`cli`] options -> [`plan`] (the [`matrix`] of cases against the host's
+//! [`facts`]) -> [`session`] runs the [`workload`] (with [`dma`], [`device`], [`hugepages`])
+//! under the probes ([`probes`] declares them, [`loader`] attaches and reads them) ->
+//! [`attribution`] (exact + sampled, by the one [`category`] table) -> [`report`], written by
+//! [`output`] and shown by [`table`], [`diff`] and [`flamegraph`]. [`stop`] owns signals and
+//! the emergency clean-up; [`doctor`], [`kernel`], [`privileges`] and [`leftovers`] find the
+//! host's facts.
 
 /// The BPF/user ABI types, shared with the BPF programs (one definition, in profiler-ebpf).
 pub mod abi {
     pub use profiler_ebpf::*;
 }
 pub mod attribution;
-pub mod capabilities;
+pub mod bpflog;
+pub mod category;
+pub mod cli;
 pub mod device;
+pub mod diff;
 pub mod dma;
+pub mod doctor;
+pub mod facts;
 pub mod flamegraph;
 pub mod hugepages;
+pub mod kernel;
+pub mod leftovers;
+pub mod loader;
 pub mod matrix;
+pub mod output;
+pub mod plan;
+pub mod privileges;
 pub mod probes;
 pub mod report;
-pub mod run;
+pub mod session;
 pub mod size;
+pub mod stop;
 pub mod symbols;
+pub mod sys;
+pub mod table;
 pub mod workload;

@@ -1,102 +1,149 @@
 //! The variant matrix, declared once as data: IOMMU modes x backings x prefault, with the kernel
 //! selftests' names (`vfio_type1_iommu`, `anonymous_hugetlb_2mb`, ...), so that `-v` globs work
 //! like `vfio_dma_mapping_perf_test -v`.
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-/// How (and whether) the buffer is DMA-mapped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum IommuMode {
-    /// No DMA mapping: only the memory phases (any kernel, no device needed).
-    None,
+use crate::size::ByteSize;
+
+/// How the buffer is DMA-mapped (a case without one runs only the memory phases).
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    strum::EnumIter,
+    strum::IntoStaticStr,
+    strum::Display,
+)]
+pub enum DmaMode {
     /// VFIO container, VFIO_TYPE1_IOMMU.
+    #[serde(rename = "vfio_type1_iommu")]
+    #[strum(serialize = "vfio_type1_iommu")]
     VfioType1Iommu,
     /// VFIO container, VFIO_TYPE1v2_IOMMU.
+    #[serde(rename = "vfio_type1v2_iommu")]
+    #[strum(serialize = "vfio_type1v2_iommu")]
     VfioType1v2Iommu,
     /// /dev/iommu used as a VFIO container, type1.
+    #[serde(rename = "iommufd_compat_type1")]
+    #[strum(serialize = "iommufd_compat_type1")]
     IommufdCompatType1,
     /// /dev/iommu used as a VFIO container, type1v2.
+    #[serde(rename = "iommufd_compat_type1v2")]
+    #[strum(serialize = "iommufd_compat_type1v2")]
     IommufdCompatType1v2,
     /// Native iommufd: IOAS + VFIO cdev.
+    #[serde(rename = "iommufd")]
+    #[strum(serialize = "iommufd")]
     Iommufd,
 }
 
-/// Every mode, in the order cases are run and listed.
-pub const IOMMU_MODES: &[(IommuMode, &str)] = &[
-    (IommuMode::None, "none"),
-    (IommuMode::VfioType1Iommu, "vfio_type1_iommu"),
-    (IommuMode::VfioType1v2Iommu, "vfio_type1v2_iommu"),
-    (IommuMode::IommufdCompatType1, "iommufd_compat_type1"),
-    (IommuMode::IommufdCompatType1v2, "iommufd_compat_type1v2"),
-    (IommuMode::Iommufd, "iommufd"),
-];
-
-impl IommuMode {
+impl DmaMode {
     /// The selftests' name of the mode.
     pub fn name(self) -> &'static str {
-        IOMMU_MODES
-            .iter()
-            .find(|(m, _)| *m == self)
-            .map(|(_, n)| *n)
-            .unwrap_or("?")
+        self.into()
+    }
+
+    /// Whether the mode goes through /dev/iommu (IOMMUFD), natively or as a VFIO container.
+    pub fn is_iommufd(self) -> bool {
+        !matches!(self, DmaMode::VfioType1Iommu | DmaMode::VfioType1v2Iommu)
     }
 }
 
-/// Where the buffer's memory comes from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Backing {
-    /// The selftests' name of the backing.
-    pub name: &'static str,
-    /// Created with memfd_create + ftruncate and mapped MAP_SHARED (else anonymous MAP_PRIVATE).
-    pub memfd: bool,
-    /// hugetlb page size in KiB, or None for base pages.
-    pub hugetlb_kb: Option<u64>,
+/// The name of a case's mode: the selftests' mode name, or `none` for memory phases only.
+pub fn mode_name(mode: Option<DmaMode>) -> &'static str {
+    mode.map_or("none", DmaMode::name)
+}
+
+/// Where the buffer's memory comes from, as the selftests name the backings.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    strum::EnumIter,
+    strum::IntoStaticStr,
+    strum::Display,
+)]
+#[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
+pub enum Backing {
+    /// Anonymous MAP_PRIVATE memory.
+    Anonymous,
+    /// Anonymous MAP_HUGETLB, 2 MiB pages.
+    #[serde(rename = "anonymous_hugetlb_2mb")]
+    #[strum(serialize = "anonymous_hugetlb_2mb")]
+    AnonymousHugetlb2mb,
+    /// Anonymous MAP_HUGETLB, 1 GiB pages.
+    #[serde(rename = "anonymous_hugetlb_1gb")]
+    #[strum(serialize = "anonymous_hugetlb_1gb")]
+    AnonymousHugetlb1gb,
+    /// memfd_create + ftruncate, mapped MAP_SHARED.
+    Memfd,
+    /// memfd with MFD_HUGETLB, 2 MiB pages.
+    #[serde(rename = "memfd_hugetlb_2mb")]
+    #[strum(serialize = "memfd_hugetlb_2mb")]
+    MemfdHugetlb2mb,
+    /// memfd with MFD_HUGETLB, 1 GiB pages.
+    #[serde(rename = "memfd_hugetlb_1gb")]
+    #[strum(serialize = "memfd_hugetlb_1gb")]
+    MemfdHugetlb1gb,
 }
 
 impl Backing {
+    /// The selftests' name of the backing.
+    pub fn name(self) -> &'static str {
+        self.into()
+    }
+
+    /// Created with memfd_create + ftruncate and mapped MAP_SHARED (else anonymous MAP_PRIVATE).
+    pub fn memfd(self) -> bool {
+        matches!(
+            self,
+            Backing::Memfd | Backing::MemfdHugetlb2mb | Backing::MemfdHugetlb1gb
+        )
+    }
+
+    /// hugetlb page size in KiB, or None for base pages.
+    pub fn hugetlb_kb(self) -> Option<u64> {
+        match self {
+            Backing::Anonymous | Backing::Memfd => None,
+            Backing::AnonymousHugetlb2mb | Backing::MemfdHugetlb2mb => Some(2048),
+            Backing::AnonymousHugetlb1gb | Backing::MemfdHugetlb1gb => Some(1 << 20),
+        }
+    }
+
     /// Size of one page of this backing, in bytes.
-    pub fn page_size(&self) -> u64 {
-        self.hugetlb_kb.map_or(4096, |kb| kb * 1024)
+    pub fn page_size(self) -> u64 {
+        self.hugetlb_kb().map_or(4096, |kb| kb * 1024)
     }
 }
 
-/// Every backing, as the selftests name them.
-pub const BACKINGS: &[Backing] = &[
-    Backing {
-        name: "anonymous",
-        memfd: false,
-        hugetlb_kb: None,
-    },
-    Backing {
-        name: "anonymous_hugetlb_2mb",
-        memfd: false,
-        hugetlb_kb: Some(2048),
-    },
-    Backing {
-        name: "anonymous_hugetlb_1gb",
-        memfd: false,
-        hugetlb_kb: Some(1 << 20),
-    },
-    Backing {
-        name: "memfd",
-        memfd: true,
-        hugetlb_kb: None,
-    },
-    Backing {
-        name: "memfd_hugetlb_2mb",
-        memfd: true,
-        hugetlb_kb: Some(2048),
-    },
-    Backing {
-        name: "memfd_hugetlb_1gb",
-        memfd: true,
-        hugetlb_kb: Some(1 << 20),
-    },
-];
-
 /// How the buffer is faulted in before the map.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    clap::ValueEnum,
+    strum::EnumIter,
+    strum::IntoStaticStr,
+    strum::Display,
+)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum Prefault {
     /// Not at all: faults happen later (inside the DMA map's pinning, for DMA modes).
     None,
@@ -106,25 +153,18 @@ pub enum Prefault {
     Touch,
 }
 
-/// Every prefault, in run order.
-pub const PREFAULTS: &[Prefault] = &[Prefault::None, Prefault::Populate, Prefault::Touch];
-
 impl Prefault {
     /// The name used in case names.
     pub fn name(self) -> &'static str {
-        match self {
-            Prefault::None => "none",
-            Prefault::Populate => "populate",
-            Prefault::Touch => "touch",
-        }
+        self.into()
     }
 }
 
 /// One cell of the matrix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Case {
-    /// IOMMU mode.
-    pub mode: IommuMode,
+    /// IOMMU mode; None: memory phases only.
+    pub mode: Option<DmaMode>,
     /// Memory backing.
     pub backing: Backing,
     /// Prefault strategy.
@@ -134,7 +174,7 @@ pub struct Case {
 impl Case {
     /// `<mode>_<backing>`, the selftests' variant name.
     pub fn variant(&self) -> String {
-        format!("{}_{}", self.mode.name(), self.backing.name)
+        format!("{}_{}", mode_name(self.mode), self.backing.name())
     }
 
     /// `<mode>_<backing>.<prefault>`, the case name globs match.
@@ -143,13 +183,23 @@ impl Case {
     }
 }
 
+/// What one iteration runs: a case at a size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Workload {
+    /// The case.
+    pub case: Case,
+    /// Buffer size.
+    pub size: ByteSize,
+}
+
 /// The whole matrix, in run order (mode, then backing, then prefault).
 pub fn all_cases() -> Vec<Case> {
-    IOMMU_MODES
-        .iter()
-        .flat_map(|&(mode, _)| {
-            BACKINGS.iter().flat_map(move |&backing| {
-                PREFAULTS.iter().map(move |&prefault| Case {
+    use strum::IntoEnumIterator as _;
+    std::iter::once(None)
+        .chain(DmaMode::iter().map(Some))
+        .flat_map(|mode| {
+            Backing::iter().flat_map(move |backing| {
+                Prefault::iter().map(move |prefault| Case {
                     mode,
                     backing,
                     prefault,
@@ -215,13 +265,18 @@ mod tests {
 
     fn names(patterns: &[&str]) -> Result<Vec<String>, SelectError> {
         let p: Vec<String> = patterns.iter().map(|s| s.to_string()).collect();
-        Ok(select(&all_cases(), &p, PREFAULTS)?.iter().map(Case::name).collect())
+        Ok(
+            select(&all_cases(), &p, &[Prefault::None, Prefault::Populate, Prefault::Touch])?
+                .iter()
+                .map(Case::name)
+                .collect(),
+        )
     }
 
     #[test]
     fn matrix_is_complete_and_named_like_the_selftests() {
         let all = all_cases();
-        assert_eq!(all.len(), IOMMU_MODES.len() * BACKINGS.len() * PREFAULTS.len());
+        assert_eq!(all.len(), 6 * 6 * 3);
         let n: Vec<String> = all.iter().map(Case::name).collect();
         assert!(n.contains(&"none_anonymous_hugetlb_2mb.populate".to_string()));
         assert!(n.contains(&"vfio_type1_iommu_memfd_hugetlb_1gb.none".to_string()));
@@ -230,7 +285,7 @@ mod tests {
 
     #[test]
     fn globs_select() {
-        assert_eq!(names(&["none_*"]).unwrap().len(), BACKINGS.len() * 3);
+        assert_eq!(names(&["none_*"]).unwrap().len(), 6 * 3);
         assert_eq!(
             names(&["none_anonymous.populate"]).unwrap(),
             ["none_anonymous.populate"]

@@ -1,9 +1,16 @@
-//! The report: `report.json` (schema `dmaprof.report.v1`) and the tables on stdout.
-use std::{collections::BTreeMap, fmt::Write as _};
+//! The report: `report.json` (schema `dmaprof.report.v1`), its types and reading it back.
+//! Rendering is elsewhere ([`crate::table`], [`crate::diff`]).
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{attribution::CATEGORIES, capabilities::Capability, probes::ProbeStatus};
+use crate::{
+    category::Category,
+    facts::{Capabilities, KernelInfo},
+    matrix::{Backing, DmaMode, Prefault},
+    probes::{AmountUnit, AttachedBy, Mechanism, ProbeStatus},
+    workload::Phase,
+};
 
 /// Schema tag of report.json.
 pub const SCHEMA: &str = "dmaprof.report.v1";
@@ -21,7 +28,7 @@ pub struct Report {
     #[serde(default)]
     pub device: Option<String>,
     /// What the host can do (as `dmaprof doctor` reports it).
-    pub capabilities: BTreeMap<String, Capability>,
+    pub capabilities: Capabilities,
     /// Run options.
     pub config: Config,
     /// Cases that ran.
@@ -33,7 +40,7 @@ pub struct Report {
     pub failed: Vec<Failed>,
     /// Which probes attached (per run; the same for every case).
     #[serde(default)]
-    pub probes: Vec<ProbeStatusRecord>,
+    pub probes: Vec<ProbeStatus>,
     /// True when the run was interrupted and the report covers only what finished.
     #[serde(default)]
     pub partial: bool,
@@ -55,37 +62,6 @@ pub struct Timing {
     pub peak_rss_kib: u64,
 }
 
-/// Kernel facts.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct KernelInfo {
-    /// uname -r.
-    pub release: String,
-    /// uname -v.
-    #[serde(default)]
-    pub version: String,
-    /// uname -m.
-    #[serde(default)]
-    pub machine: String,
-    /// Kernel changes that move DMA-map time, as seen in /proc/kallsyms.
-    #[serde(default)]
-    pub features: Vec<KernelFeature>,
-}
-
-/// One kernel change and whether this kernel has it.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct KernelFeature {
-    /// Short id, e.g. `memfd_pin_folios`.
-    pub id: String,
-    /// Whether the kernel shows it (None: /proc/kallsyms unreadable).
-    pub present: Option<bool>,
-    /// The symbol test used.
-    pub evidence: String,
-    /// First mainline release and the commit (backports can bring it earlier).
-    pub since: String,
-    /// What it changes for a DMA map.
-    pub effect: String,
-}
-
 /// Run options.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Config {
@@ -100,41 +76,17 @@ pub struct Config {
     pub variants: Vec<String>,
     /// The prefaults selected.
     #[serde(default)]
-    pub prefaults: Vec<String>,
+    pub prefaults: Vec<Prefault>,
     /// False with --no-trace: no probe was loaded.
     #[serde(default = "yes")]
     pub traced: bool,
     /// The probe mechanisms requested (`--probes`).
     #[serde(default)]
-    pub probes: Vec<crate::probes::Mechanism>,
+    pub probes: Vec<Mechanism>,
 }
 
 fn yes() -> bool {
     true
-}
-
-/// A probe's attachment, as recorded in the report.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct ProbeStatusRecord {
-    /// Function or event.
-    pub function: String,
-    /// Mechanism.
-    pub mechanism: String,
-    /// Attached or not.
-    pub attached: bool,
-    /// Why not.
-    pub error: Option<String>,
-}
-
-impl From<&ProbeStatus> for ProbeStatusRecord {
-    fn from(p: &ProbeStatus) -> Self {
-        Self {
-            function: p.function.clone(),
-            mechanism: p.mechanism.to_owned(),
-            attached: p.attached,
-            error: p.error.clone(),
-        }
-    }
 }
 
 /// One case.
@@ -142,12 +94,13 @@ impl From<&ProbeStatus> for ProbeStatusRecord {
 pub struct CaseReport {
     /// `<mode>_<backing>.<prefault>`.
     pub name: String,
-    /// IOMMU mode name.
-    pub iommu_mode: String,
-    /// Backing name.
-    pub backing: String,
-    /// Prefault name.
-    pub prefault: String,
+    /// IOMMU mode (`none`: memory phases only).
+    #[serde(with = "mode_name")]
+    pub iommu_mode: Option<DmaMode>,
+    /// Backing.
+    pub backing: Backing,
+    /// Prefault.
+    pub prefault: Prefault,
     /// The ioctl of the map phase (VFIO_IOMMU_MAP_DMA, IOMMU_IOAS_MAP, IOMMU_IOAS_MAP_FILE).
     #[serde(default)]
     pub map_ioctl: Option<String>,
@@ -204,7 +157,7 @@ pub struct Sampled {
     #[serde(default)]
     pub lost: u64,
     /// Share of samples per category (sums to 1 when samples > 0).
-    pub categories: BTreeMap<String, f64>,
+    pub categories: BTreeMap<Category, f64>,
 }
 
 /// Counters of a phase: medians over iterations (lost events: the total).
@@ -229,8 +182,8 @@ pub struct Counters {
 /// One phase of one case.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct PhaseReport {
-    /// Phase name.
-    pub name: String,
+    /// Phase.
+    pub name: Phase,
     /// Wall time per iteration (user-space monotonic clock).
     pub wall_ns: Stats,
     /// Time inside syscalls per iteration, measured in the kernel (raw_syscalls enter/exit).
@@ -269,7 +222,7 @@ pub struct Exact {
     /// Its time inside syscalls.
     pub kernel_ns: u64,
     /// Exclusive time per category; `other` includes syscall time outside every probed row.
-    pub categories: BTreeMap<String, u64>,
+    pub categories: BTreeMap<Category, u64>,
     /// wall - sum(categories): user space, exception entry, and whatever no probe saw.
     pub unattributed_ns: i64,
     /// Per probed function.
@@ -280,14 +233,14 @@ pub struct Exact {
 }
 
 /// One probed function in one phase.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ExactRow {
     /// Kernel function.
     pub function: String,
     /// Category of its exclusive time.
-    pub category: String,
-    /// kprobe, fentry...
-    pub mechanism: String,
+    pub category: Category,
+    /// How it was attached.
+    pub mechanism: AttachedBy,
     /// Completed calls.
     pub calls: u64,
     /// Entry-to-return time.
@@ -299,7 +252,7 @@ pub struct ExactRow {
     pub amount: u64,
     /// Its unit (pages, bytes), if any.
     #[serde(default)]
-    pub unit: Option<String>,
+    pub unit: Option<AmountUnit>,
 }
 
 /// A case that ran and failed.
@@ -365,182 +318,24 @@ pub fn parse(text: &str) -> Result<Report, String> {
     serde_json::from_value(value).map_err(|e| format!("does not match {SCHEMA}: {e}"))
 }
 
-fn ms(ns: u64) -> String {
-    let ms = ns as f64 / 1e6;
-    if ms >= 100.0 {
-        format!("{ms:.0}")
-    } else if ms >= 1.0 {
-        format!("{ms:.2}")
-    } else {
-        format!("{ms:.3}")
-    }
-}
+/// `iommu_mode` in JSON: the selftests' mode name, or `none`.
+mod mode_name {
+    use serde::{Deserialize as _, Deserializer, Serializer};
 
-/// Renders the human-readable tables: one per case.
-pub fn render_table(report: &Report) -> String {
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "dmaprof on Linux {} ({}), {} per case, {} iterations, sampling at {} Hz{}",
-        report.kernel.release,
-        report.kernel.machine,
-        crate::size::HumanSize(report.config.size_bytes),
-        report.config.iterations,
-        report.config.freq_hz,
-        if report.partial {
-            " -- PARTIAL (interrupted)"
-        } else {
-            ""
-        }
-    );
-    let with = |p: bool| {
-        let ids: Vec<&str> = report
-            .kernel
-            .features
-            .iter()
-            .filter(|f| f.present == Some(p))
-            .map(|f| f.id.as_str())
-            .collect();
-        if ids.is_empty() {
-            "none".to_owned()
-        } else {
-            ids.join(", ")
-        }
-    };
-    if !report.kernel.features.is_empty() {
-        let _ = writeln!(out, "kernel has: {}; lacks: {}", with(true), with(false));
-    }
-    let cat_names: Vec<&str> = CATEGORIES.iter().map(|c| c.name()).collect();
-    for case in &report.cases {
-        match &case.map_ioctl {
-            Some(ioctl) => {
-                let _ = writeln!(out, "\n{} (map: {ioctl})", case.name);
-            }
-            None => {
-                let _ = writeln!(out, "\n{}", case.name);
-            }
-        }
-        let _ = write!(
-            out,
-            "  {:<13}{:>10}{:>10}{:>10}{:>8}{:>8}{:>10}{:>9}{:>8}",
-            "phase", "median ms", "min ms", "max ms", "GiB/s", "traced", "kernel ms", "faults", "samples"
-        );
-        for c in &cat_names {
-            let _ = write!(out, " {:>9}", short(c));
-        }
-        out.push('\n');
-        for p in &case.phases {
-            // Throughput of a phase that takes microseconds says nothing about memory.
-            let gib = if p.gib_per_s > 0.0 && p.wall_ns.median >= 100_000 {
-                format!("{:.2}", p.gib_per_s)
-            } else {
-                "-".into()
-            };
-            let _ = write!(
-                out,
-                "  {:<13}{:>10}{:>10}{:>10}{:>8}{:>8}{:>10}{:>9}{:>8}",
-                p.name,
-                ms(p.wall_ns.median),
-                ms(p.wall_ns.min),
-                ms(p.wall_ns.max),
-                gib,
-                p.overhead.map_or("-".into(), |o| format!("x{o:.2}")),
-                ms(p.kernel_ns.median),
-                p.counters.faults,
-                if p.sampled.lost > 0 {
-                    format!("{}*", p.sampled.samples)
-                } else {
-                    p.sampled.samples.to_string()
-                }
-            );
-            for c in &cat_names {
-                let share = p.sampled.categories.get(*c).copied().unwrap_or(0.0);
-                let cell = if p.sampled.samples == 0 {
-                    "-".to_owned()
-                } else {
-                    format!("{:.0}%", share * 100.0)
-                };
-                let _ = write!(out, " {cell:>9}");
-            }
-            out.push('\n');
-            if !p.exact.rows.is_empty() && p.exact.wall_ns > 0 {
-                // The same categories measured exactly, as shares of the median iteration's
-                // wall time; the `user` column holds what no probe saw (unattributed).
-                let _ = write!(out, "  {:<13}{:>10}{:>63}", "  exact", ms(p.exact.wall_ns), "");
-                let wall = p.exact.wall_ns as f64;
-                for c in &cat_names {
-                    let v = if *c == "user" {
-                        p.exact.unattributed_ns as f64
-                    } else {
-                        p.exact.categories.get(*c).copied().unwrap_or(0) as f64
-                    };
-                    let _ = write!(out, " {:>9}", format!("{:.0}%", v / wall * 100.0));
-                }
-                out.push('\n');
-            }
-        }
-    }
-    let lost: u64 = report
-        .cases
-        .iter()
-        .flat_map(|c| &c.phases)
-        .map(|p| p.sampled.lost + p.exact.lost_events)
-        .sum();
-    if lost > 0 {
-        let _ = writeln!(
-            out,
-            "\n* {lost} events lost (sample map full, stack collisions, or call stack overflow): \
-             the marked numbers cover only what was kept"
-        );
-    }
-    if !report.skipped.is_empty() {
-        let _ = writeln!(out, "\nskipped:");
-        for s in &report.skipped {
-            let _ = writeln!(out, "  {:<40} {}", s.name, s.reason);
-        }
-    }
-    if !report.failed.is_empty() {
-        let _ = writeln!(out, "\nFAILED:");
-        for f in &report.failed {
-            let _ = writeln!(out, "  {:<40} {}", f.name, f.error);
-        }
-    }
-    // Group by reason: on a kernel without kprobes every row fails the same way.
-    let mut by_reason: Vec<(&str, Vec<&str>)> = Vec::new();
-    for p in report
-        .probes
-        .iter()
-        .filter(|p| !p.attached && p.error.as_deref() != Some(crate::probes::NOT_REQUESTED))
-    {
-        let reason = p.error.as_deref().unwrap_or("");
-        match by_reason.iter_mut().find(|(r, _)| *r == reason) {
-            Some((_, names)) => names.push(&p.function),
-            None => by_reason.push((reason, vec![&p.function])),
-        }
-    }
-    let off: Vec<String> = crate::probes::Mechanism::ALL
-        .iter()
-        .filter(|m| report.config.traced && !report.config.probes.is_empty() && !report.config.probes.contains(m))
-        .map(|m| format!("{m:?}").to_lowercase())
-        .collect();
-    if !off.is_empty() {
-        let _ = writeln!(out, "\nprobes off by request (--probes): {}", off.join(", "));
-    }
-    if !by_reason.is_empty() {
-        let _ = writeln!(out, "\nprobes not attached (the exact breakdown lacks their rows):");
-        for (reason, names) in by_reason {
-            let _ = writeln!(out, "  {} ({}): {reason}", names.join(", "), names.len());
-        }
-    }
-    out
-}
+    use crate::matrix::{DmaMode, mode_name};
 
-fn short(category: &str) -> &str {
-    match category {
-        "iommu_map" => "iommu_map",
-        "iommu_flush" => "iotlb",
-        "accounting" => "acct",
-        other => other,
+    pub fn serialize<S: Serializer>(mode: &Option<DmaMode>, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(mode_name(*mode))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<DmaMode>, D::Error> {
+        let name = String::deserialize(d)?;
+        if name == "none" {
+            return Ok(None);
+        }
+        serde_json::from_value(serde_json::Value::String(name))
+            .map(Some)
+            .map_err(serde::de::Error::custom)
     }
 }
 
@@ -574,131 +369,4 @@ mod tests {
                 .contains("does not match")
         );
     }
-}
-
-/// One phase compared between two runs.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct PhaseDiff {
-    /// Case name.
-    pub case: String,
-    /// Phase name.
-    pub phase: String,
-    /// Median wall time before.
-    pub before_ns: u64,
-    /// Median wall time after.
-    pub after_ns: u64,
-    /// after - before.
-    pub delta_ns: i64,
-    /// Relative change in percent (0 when before is 0).
-    pub delta_pct: f64,
-    /// Exact ns per category: (before, after, delta).
-    pub exact: BTreeMap<String, (u64, u64, i64)>,
-    /// Sampled share per category, change in percentage points.
-    pub sampled_pp: BTreeMap<String, f64>,
-}
-
-/// Two runs compared case by case and phase by phase.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct RunDiff {
-    /// Kernel release before / after.
-    pub kernels: (String, String),
-    /// Phases present in both.
-    pub phases: Vec<PhaseDiff>,
-    /// Cases only in the first run.
-    pub only_before: Vec<String>,
-    /// Cases only in the second run.
-    pub only_after: Vec<String>,
-}
-
-/// Compares two reports.
-pub fn diff(before: &Report, after: &Report) -> RunDiff {
-    let mut phases = Vec::new();
-    for ca in &before.cases {
-        let Some(cb) = after.cases.iter().find(|c| c.name == ca.name) else {
-            continue;
-        };
-        for pa in &ca.phases {
-            let Some(pb) = cb.phases.iter().find(|p| p.name == pa.name) else {
-                continue;
-            };
-            let (b, a) = (pa.wall_ns.median, pb.wall_ns.median);
-            let delta = a as i64 - b as i64;
-            let keys: std::collections::BTreeSet<&String> =
-                pa.exact.categories.keys().chain(pb.exact.categories.keys()).collect();
-            let exact = keys
-                .into_iter()
-                .map(|k| {
-                    let x = pa.exact.categories.get(k).copied().unwrap_or(0);
-                    let y = pb.exact.categories.get(k).copied().unwrap_or(0);
-                    (k.clone(), (x, y, y as i64 - x as i64))
-                })
-                .collect();
-            let sampled_pp = CATEGORIES
-                .iter()
-                .map(|c| {
-                    let x = pa.sampled.categories.get(c.name()).copied().unwrap_or(0.0);
-                    let y = pb.sampled.categories.get(c.name()).copied().unwrap_or(0.0);
-                    (c.name().to_owned(), (y - x) * 100.0)
-                })
-                .collect();
-            phases.push(PhaseDiff {
-                case: ca.name.clone(),
-                phase: pa.name.clone(),
-                before_ns: b,
-                after_ns: a,
-                delta_ns: delta,
-                delta_pct: if b == 0 { 0.0 } else { delta as f64 / b as f64 * 100.0 },
-                exact,
-                sampled_pp,
-            });
-        }
-    }
-    let names = |r: &Report| r.cases.iter().map(|c| c.name.clone()).collect::<Vec<_>>();
-    let (nb, na) = (names(before), names(after));
-    RunDiff {
-        kernels: (before.kernel.release.clone(), after.kernel.release.clone()),
-        only_before: nb.iter().filter(|n| !na.contains(n)).cloned().collect(),
-        only_after: na.iter().filter(|n| !nb.contains(n)).cloned().collect(),
-        phases,
-    }
-}
-
-/// The diff as a table.
-pub fn render_diff(d: &RunDiff) -> String {
-    let mut out = String::new();
-    let _ = writeln!(out, "before: Linux {}   after: Linux {}", d.kernels.0, d.kernels.1);
-    let mut case = "";
-    for p in &d.phases {
-        if p.case != case {
-            case = &p.case;
-            let _ = writeln!(
-                out,
-                "\n{case}\n  {:<13}{:>12}{:>12}{:>12}{:>9}  exact category deltas (ms)",
-                "phase", "before ms", "after ms", "delta ms", "delta"
-            );
-        }
-        let cats: Vec<String> = p
-            .exact
-            .iter()
-            .filter(|(_, (_, _, d))| *d != 0)
-            .map(|(k, (_, _, d))| format!("{k} {:+.3}", *d as f64 / 1e6))
-            .collect();
-        let _ = writeln!(
-            out,
-            "  {:<13}{:>12}{:>12}{:>12}{:>8.1}%  {}",
-            p.phase,
-            ms(p.before_ns),
-            ms(p.after_ns),
-            format!("{:+.3}", p.delta_ns as f64 / 1e6),
-            p.delta_pct,
-            cats.join(", ")
-        );
-    }
-    for n in &d.only_before {
-        let _ = writeln!(out, "only in the first run: {n}");
-    }
-    for n in &d.only_after {
-        let _ = writeln!(out, "only in the second run: {n}");
-    }
-    out
 }

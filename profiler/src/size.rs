@@ -1,6 +1,10 @@
 //! Byte sizes as kernel developers type them: `4096`, `64K`, `256M`, `1G`, `32G`, `1T`
 //! (binary multiples; an optional `iB`/`B` after the suffix is accepted).
-use std::fmt;
+//!
+//! [`ByteSize`] is the one size type of the workspace: `dmaprof -b`, the workload, and xtask's
+//! `--mem`/`--size` options all carry it (xtask compiles this file too, so it depends on
+//! nothing but `std` and `thiserror`).
+use std::{fmt, str::FromStr};
 
 /// Why a size was rejected.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -22,40 +26,93 @@ pub enum SizeError {
     Unaligned(u64),
 }
 
-/// Parses a size; the result is non-zero and a multiple of 4 KiB.
-pub fn parse_size(text: &str) -> Result<u64, SizeError> {
-    let t = text.trim();
-    if t.is_empty() {
-        return Err(SizeError::Empty);
+/// The base page size every size is a multiple of.
+pub const BASE_PAGE: u64 = 4096;
+
+/// A validated size in bytes: non-zero, at most 2^63, a multiple of 4 KiB.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ByteSize(u64);
+
+impl ByteSize {
+    /// `bytes` as a size, if it is a valid one.
+    pub fn new(bytes: u64) -> Result<Self, SizeError> {
+        if bytes == 0 {
+            return Err(SizeError::Zero);
+        }
+        if bytes > 1u64 << 63 {
+            return Err(SizeError::Overflow(bytes.to_string()));
+        }
+        if !bytes.is_multiple_of(BASE_PAGE) {
+            return Err(SizeError::Unaligned(bytes));
+        }
+        Ok(Self(bytes))
     }
-    let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (digits, suffix) = t.split_at(digits_end);
-    if digits.is_empty() {
-        return Err(SizeError::Malformed(t.to_owned()));
+
+    /// The size in bytes.
+    pub const fn bytes(self) -> u64 {
+        self.0
     }
-    let shift = match suffix.to_ascii_uppercase().as_str() {
-        "" | "B" => 0,
-        "K" | "KB" | "KIB" => 10,
-        "M" | "MB" | "MIB" => 20,
-        "G" | "GB" | "GIB" => 30,
-        "T" | "TB" | "TIB" => 40,
-        _ => return Err(SizeError::Malformed(t.to_owned())),
-    };
-    let n: u64 = digits.parse().map_err(|_| SizeError::Overflow(t.to_owned()))?;
-    let bytes = n
-        .checked_mul(1u64 << shift)
-        .filter(|b| *b <= 1u64 << 63)
-        .ok_or_else(|| SizeError::Overflow(t.to_owned()))?;
-    if bytes == 0 {
-        return Err(SizeError::Zero);
+
+    /// The size in whole MiB, rounded down (QEMU's `-m` unit).
+    pub const fn mib(self) -> u64 {
+        self.0 >> 20
     }
-    if bytes % 4096 != 0 {
-        return Err(SizeError::Unaligned(bytes));
+
+    /// Whether the size is a whole number of `page`-byte pages.
+    pub fn is_multiple_of(self, page: u64) -> bool {
+        page != 0 && self.0.is_multiple_of(page)
     }
-    Ok(bytes)
+
+    /// The number of `page`-byte pages (rounded down).
+    pub fn pages(self, page: u64) -> u64 {
+        self.0 / page.max(1)
+    }
 }
 
-/// A size printed the way it was most likely typed (`1 GiB`, `256 MiB`, `12288 B`).
+impl FromStr for ByteSize {
+    type Err = SizeError;
+
+    fn from_str(text: &str) -> Result<Self, SizeError> {
+        let t = text.trim();
+        if t.is_empty() {
+            return Err(SizeError::Empty);
+        }
+        let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+        let (digits, suffix) = t.split_at(digits_end);
+        if digits.is_empty() {
+            return Err(SizeError::Malformed(t.to_owned()));
+        }
+        let shift = match suffix.to_ascii_uppercase().as_str() {
+            "" | "B" => 0,
+            "K" | "KB" | "KIB" => 10,
+            "M" | "MB" | "MIB" => 20,
+            "G" | "GB" | "GIB" => 30,
+            "T" | "TB" | "TIB" => 40,
+            _ => return Err(SizeError::Malformed(t.to_owned())),
+        };
+        let n: u64 = digits.parse().map_err(|_| SizeError::Overflow(t.to_owned()))?;
+        let bytes = n
+            .checked_mul(1u64 << shift)
+            .filter(|b| *b <= 1u64 << 63)
+            .ok_or_else(|| SizeError::Overflow(t.to_owned()))?;
+        Self::new(bytes)
+    }
+}
+
+/// Parses a size; the result is non-zero and a multiple of 4 KiB.
+pub fn parse_size(text: &str) -> Result<ByteSize, SizeError> {
+    text.parse()
+}
+
+/// Printed the way it was most likely typed (`1 GiB`, `256 MiB`, `12 KiB`).
+impl fmt::Display for ByteSize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        HumanSize(self.0).fmt(f)
+    }
+}
+
+/// Any byte count printed the way it was most likely typed (`1 GiB`, `256 MiB`, `12288 B`),
+/// for values that are not sizes a user chose (memory available, page sizes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HumanSize(pub u64);
 
@@ -75,15 +132,19 @@ impl fmt::Display for HumanSize {
 mod tests {
     use super::*;
 
+    fn bytes(s: &str) -> Result<u64, SizeError> {
+        parse_size(s).map(ByteSize::bytes)
+    }
+
     #[test]
     fn good_sizes() {
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("64K"), Ok(64 << 10));
-        assert_eq!(parse_size("256M"), Ok(256 << 20));
-        assert_eq!(parse_size("1G"), Ok(1 << 30));
-        assert_eq!(parse_size("32g"), Ok(32 << 30));
-        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
-        assert_eq!(parse_size(" 1T "), Ok(1 << 40));
+        assert_eq!(bytes("4096"), Ok(4096));
+        assert_eq!(bytes("64K"), Ok(64 << 10));
+        assert_eq!(bytes("256M"), Ok(256 << 20));
+        assert_eq!(bytes("1G"), Ok(1 << 30));
+        assert_eq!(bytes("32g"), Ok(32 << 30));
+        assert_eq!(bytes("2GiB"), Ok(2 << 30));
+        assert_eq!(bytes(" 1T "), Ok(1 << 40));
     }
 
     #[test]
@@ -91,15 +152,14 @@ mod tests {
         for bad in ["", "G", "-1G", "1.5G", "10X", "1 G", "0x10", "ten"] {
             assert!(parse_size(bad).is_err(), "{bad:?} should be rejected");
         }
-        assert_eq!(parse_size("0"), Err(SizeError::Zero));
-        assert_eq!(parse_size("0G"), Err(SizeError::Zero));
-        assert_eq!(parse_size("100"), Err(SizeError::Unaligned(100)));
-        assert!(matches!(
-            parse_size("99999999999999999999"),
-            Err(SizeError::Overflow(_))
-        ));
-        assert!(matches!(parse_size("16777216T"), Err(SizeError::Overflow(_))));
-        assert!(matches!(parse_size("9000000000T"), Err(SizeError::Overflow(_))));
+        assert_eq!(bytes("0"), Err(SizeError::Zero));
+        assert_eq!(bytes("0G"), Err(SizeError::Zero));
+        assert_eq!(bytes("100"), Err(SizeError::Unaligned(100)));
+        assert!(matches!(bytes("99999999999999999999"), Err(SizeError::Overflow(_))));
+        assert!(matches!(bytes("16777216T"), Err(SizeError::Overflow(_))));
+        assert!(matches!(bytes("9000000000T"), Err(SizeError::Overflow(_))));
+        assert_eq!(ByteSize::new(0), Err(SizeError::Zero));
+        assert_eq!(ByteSize::new(4097), Err(SizeError::Unaligned(4097)));
     }
 
     #[test]
@@ -108,5 +168,15 @@ mod tests {
         assert_eq!(HumanSize(3 << 20).to_string(), "3 MiB");
         assert_eq!(HumanSize(12288).to_string(), "12 KiB");
         assert_eq!(HumanSize(100).to_string(), "100 B");
+        assert_eq!(parse_size("256M").unwrap().to_string(), "256 MiB");
+    }
+
+    #[test]
+    fn pages_and_mib() {
+        let s = parse_size("2G").unwrap();
+        assert_eq!(s.mib(), 2048);
+        assert_eq!(s.pages(2 << 20), 1024);
+        assert!(s.is_multiple_of(1 << 30));
+        assert!(!parse_size("1536M").unwrap().is_multiple_of(1 << 30));
     }
 }

@@ -12,15 +12,22 @@ impl KernelSymbols {
     /// is reported rather than hidden: frames then print as hex.
     pub fn load() -> std::io::Result<Self> {
         // Module symbols read `name\t[module]`: keep the function name only.
-        let by_addr: BTreeMap<u64, String> = aya::util::kernel_symbols()?
-            .into_iter()
-            .map(|(a, n)| (a, n.split('\t').next().unwrap_or_default().to_owned()))
-            .collect();
+        Ok(Self::from_pairs(
+            aya::util::kernel_symbols()?
+                .into_iter()
+                .map(|(a, n)| (a, n.split('\t').next().unwrap_or_default().to_owned()))
+                .collect(),
+        ))
+    }
+
+    /// Symbols from (address, name) pairs.
+    pub fn from_pairs(pairs: Vec<(u64, String)>) -> Self {
+        let by_addr: BTreeMap<u64, String> = pairs.into_iter().collect();
         let mut by_name: HashMap<String, Vec<u64>> = HashMap::new();
         for (addr, name) in &by_addr {
             by_name.entry(name.clone()).or_default().push(*addr);
         }
-        Ok(Self { by_addr, by_name })
+        Self { by_addr, by_name }
     }
 
     /// Whether any symbol has a real address.

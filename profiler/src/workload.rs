@@ -6,16 +6,31 @@ use std::{
     time::Instant,
 };
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::{
     dma::DmaContext,
-    matrix::{Backing, Case, Prefault},
+    matrix::{Backing, Prefault, Workload},
 };
 
 /// A timed step of one iteration.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    strum::EnumIter,
+    strum::IntoStaticStr,
+    strum::Display,
+)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum Phase {
     /// memfd_create + ftruncate (memfd backings).
     MemfdCreate,
@@ -47,15 +62,7 @@ pub const PHASES: &[Phase] = &[
 impl Phase {
     /// Name in reports.
     pub fn name(self) -> &'static str {
-        match self {
-            Phase::MemfdCreate => "memfd_create",
-            Phase::Mmap => "mmap",
-            Phase::Touch => "touch",
-            Phase::Map => "map",
-            Phase::Unmap => "unmap",
-            Phase::Munmap => "munmap",
-            Phase::Close => "close",
-        }
+        self.into()
     }
 
     /// Position in [`PHASES`].
@@ -138,57 +145,59 @@ impl Drop for Buffer {
     }
 }
 
-fn huge_flag(backing: &Backing) -> libc::c_int {
-    match backing.hugetlb_kb {
+fn huge_flag(backing: Backing) -> libc::c_int {
+    match backing.hugetlb_kb() {
         // MAP_HUGE_* and MFD_HUGE_* share the encoding: log2(page size) << 26.
         Some(kb) => ((kb * 1024).trailing_zeros() as libc::c_int) << libc::MAP_HUGE_SHIFT,
         None => 0,
     }
 }
 
-/// Runs one iteration of `case` on `size` bytes: every phase the case has, in order.
-/// `dma` runs the map/unmap phases (None for mode `none`).
-pub fn run_iteration(
-    case: &Case,
-    size: u64,
-    dma: Option<&mut DmaContext>,
-    observer: &mut dyn PhaseObserver,
-    cancel: &AtomicBool,
-) -> Result<Vec<PhaseRun>, WorkloadError> {
-    let len = usize::try_from(size).map_err(|_| WorkloadError::Syscall {
-        call: "mmap",
-        source: std::io::Error::from_raw_os_error(libc::EOVERFLOW),
-    })?;
-    let backing = case.backing;
-    let mut runs = Vec::new();
-    let mut buf = Buffer { fd: None, addr: None };
-    let mut timed = |phase: Phase, f: &mut dyn FnMut() -> Result<(), WorkloadError>| {
-        if cancel.load(Ordering::Relaxed) {
+/// One iteration in progress: the phases measured so far and the buffer they work on.
+struct Iteration<'a> {
+    w: &'a Workload,
+    len: usize,
+    buf: Buffer,
+    runs: Vec<PhaseRun>,
+    observer: &'a mut dyn PhaseObserver,
+    cancel: &'a AtomicBool,
+}
+
+impl Iteration<'_> {
+    /// Runs `f` as `phase`: checks for a stop first, tells the observer, takes the time and the
+    /// thread's fault counts around it.
+    fn timed(
+        &mut self,
+        phase: Phase,
+        f: impl FnOnce(&mut Buffer) -> Result<(), WorkloadError>,
+    ) -> Result<(), WorkloadError> {
+        if self.cancel.load(Ordering::Relaxed) {
             return Err(WorkloadError::Interrupted);
         }
         let (min0, maj0) = thread_faults();
-        observer.begin(phase);
+        self.observer.begin(phase);
         let t0 = Instant::now();
-        let r = f();
+        let r = f(&mut self.buf);
         let wall_ns = t0.elapsed().as_nanos() as u64;
-        observer.end(phase);
+        self.observer.end(phase);
         let (min1, maj1) = thread_faults();
         r?;
-        runs.push(PhaseRun {
+        self.runs.push(PhaseRun {
             phase,
             wall_ns,
             minor_faults: min1 - min0,
             major_faults: maj1 - maj0,
         });
         Ok(())
-    };
+    }
 
-    if backing.memfd {
-        timed(Phase::MemfdCreate, &mut || {
+    fn memfd_create(&mut self) -> Result<(), WorkloadError> {
+        let (backing, size) = (self.w.case.backing, self.w.size.bytes());
+        self.timed(Phase::MemfdCreate, |buf| {
             let name: &CStr = c"dmaprof";
             let flags = libc::MFD_CLOEXEC
-                | if backing.hugetlb_kb.is_some() {
-                    libc::MFD_HUGETLB | huge_flag(&backing) as u32
+                | if backing.hugetlb_kb().is_some() {
+                    libc::MFD_HUGETLB | huge_flag(backing) as u32
                 } else {
                     0
                 };
@@ -203,44 +212,41 @@ pub fn run_iteration(
                 return Err(last_error("ftruncate"));
             }
             Ok(())
-        })?;
+        })
     }
 
-    timed(Phase::Mmap, &mut || {
-        let mut flags = if backing.memfd {
+    fn mmap(&mut self) -> Result<(), WorkloadError> {
+        let (case, len) = (self.w.case, self.len);
+        let backing = case.backing;
+        let mut flags = if backing.memfd() {
             libc::MAP_SHARED
         } else {
             libc::MAP_PRIVATE | libc::MAP_ANONYMOUS
         };
-        if backing.hugetlb_kb.is_some() && !backing.memfd {
-            flags |= libc::MAP_HUGETLB | huge_flag(&backing);
+        if backing.hugetlb_kb().is_some() && !backing.memfd() {
+            flags |= libc::MAP_HUGETLB | huge_flag(backing);
         }
         if case.prefault == Prefault::Populate {
             flags |= libc::MAP_POPULATE;
         }
-        let fd = buf.fd.unwrap_or(-1);
-        // SAFETY: a fresh mapping at a kernel-chosen address; the result is checked.
-        let addr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                flags,
-                fd,
-                0,
-            )
-        };
-        if addr == libc::MAP_FAILED {
-            return Err(last_error("mmap"));
-        }
-        buf.addr = Some((addr, len));
-        Ok(())
-    })?;
+        self.timed(Phase::Mmap, |buf| {
+            let fd = buf.fd.unwrap_or(-1);
+            let prot = libc::PROT_READ | libc::PROT_WRITE;
+            // SAFETY: a fresh mapping at a kernel-chosen address; the result is checked.
+            let addr = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, fd, 0) };
+            if addr == libc::MAP_FAILED {
+                return Err(last_error("mmap"));
+            }
+            buf.addr = Some((addr, len));
+            Ok(())
+        })
+    }
 
-    if case.prefault == Prefault::Touch {
-        let (addr, len) = buf.addr.expect("mapped above");
-        let step = backing.page_size() as usize;
-        timed(Phase::Touch, &mut || {
+    fn touch(&mut self) -> Result<(), WorkloadError> {
+        let step = self.w.case.backing.page_size() as usize;
+        let cancel = self.cancel;
+        self.timed(Phase::Touch, |buf| {
+            let (addr, len) = buf.addr.expect("mapped before touch");
             let base = addr.cast::<u8>();
             for (i, off) in (0..len).step_by(step).enumerate() {
                 // Check for Ctrl-C every 64 MiB or so, not per page.
@@ -252,32 +258,31 @@ pub fn run_iteration(
                 unsafe { std::ptr::write_volatile(base.add(off), 1) };
             }
             Ok(())
-        })?;
+        })
     }
 
-    if let Some(ctx) = dma {
-        let (addr, len) = buf.addr.expect("mapped above");
-        let fd = buf.fd;
-        timed(Phase::Map, &mut || {
-            ctx.map(addr as u64, len as u64, fd).map_err(WorkloadError::Dma)
+    fn map_unmap(&mut self, ctx: &mut DmaContext) -> Result<(), WorkloadError> {
+        self.timed(Phase::Map, |buf| {
+            let (addr, len) = buf.addr.expect("mapped before the DMA map");
+            ctx.map(addr as u64, len as u64, buf.fd).map_err(WorkloadError::Dma)
         })?;
-        timed(Phase::Unmap, &mut || {
-            ctx.unmap().map(|_| ()).map_err(WorkloadError::Dma)
-        })?;
+        self.timed(Phase::Unmap, |_| ctx.unmap().map(drop).map_err(WorkloadError::Dma))
     }
 
-    timed(Phase::Munmap, &mut || {
-        if let Some((addr, len)) = buf.addr.take() {
-            // SAFETY: exactly the mapping mmap returned.
-            if unsafe { libc::munmap(addr, len) } != 0 {
-                return Err(last_error("munmap"));
+    fn munmap(&mut self) -> Result<(), WorkloadError> {
+        self.timed(Phase::Munmap, |buf| {
+            if let Some((addr, len)) = buf.addr.take() {
+                // SAFETY: exactly the mapping mmap returned.
+                if unsafe { libc::munmap(addr, len) } != 0 {
+                    return Err(last_error("munmap"));
+                }
             }
-        }
-        Ok(())
-    })?;
+            Ok(())
+        })
+    }
 
-    if backing.memfd {
-        timed(Phase::Close, &mut || {
+    fn close(&mut self) -> Result<(), WorkloadError> {
+        self.timed(Phase::Close, |buf| {
             if let Some(fd) = buf.fd.take() {
                 // SAFETY: our memfd.
                 if unsafe { libc::close(fd) } != 0 {
@@ -285,7 +290,44 @@ pub fn run_iteration(
                 }
             }
             Ok(())
-        })?;
+        })
     }
-    Ok(runs)
+}
+
+/// Runs one iteration of `w`: every phase its case has, in order. `dma` runs the map/unmap
+/// phases (None for cases without a DMA mode).
+pub fn run_iteration(
+    w: &Workload,
+    dma: Option<&mut DmaContext>,
+    observer: &mut dyn PhaseObserver,
+    cancel: &AtomicBool,
+) -> Result<Vec<PhaseRun>, WorkloadError> {
+    let len = usize::try_from(w.size.bytes()).map_err(|_| WorkloadError::Syscall {
+        call: "mmap",
+        source: std::io::Error::from_raw_os_error(libc::EOVERFLOW),
+    })?;
+    let mut it = Iteration {
+        w,
+        len,
+        buf: Buffer { fd: None, addr: None },
+        runs: Vec::new(),
+        observer,
+        cancel,
+    };
+    let memfd = w.case.backing.memfd();
+    if memfd {
+        it.memfd_create()?;
+    }
+    it.mmap()?;
+    if w.case.prefault == Prefault::Touch {
+        it.touch()?;
+    }
+    if let Some(ctx) = dma {
+        it.map_unmap(ctx)?;
+    }
+    it.munmap()?;
+    if memfd {
+        it.close()?;
+    }
+    Ok(it.runs)
 }

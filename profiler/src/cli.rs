@@ -1,0 +1,157 @@
+//! The `dmaprof` command line: subcommands and options, and the run options they give.
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+use crate::{matrix::Prefault, plan::RunOptions, probes::Mechanism, session::MAX_ITERATIONS, size::ByteSize, sys};
+
+/// dmaprof's arguments.
+#[derive(Parser)]
+#[command(name = "dmaprof", version, about = "Tells a kernel developer why a DMA map is slow")]
+pub struct Cli {
+    /// The subcommand.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// dmaprof's subcommands.
+#[derive(Subcommand)]
+pub enum Command {
+    /// Find out, by trying, what this host can trace and map.
+    Doctor {
+        /// Print JSON instead of the table.
+        #[arg(long)]
+        json: bool,
+        /// Only check that no dmaprof programs, BPF links, kprobe events or processes remain
+        /// (exit 1 if any do).
+        #[arg(long)]
+        leftovers: bool,
+    },
+    /// List the case matrix (what -v globs match).
+    List,
+    /// Run the workload matrix under the probes and report where the time went.
+    Run(RunArgs),
+    /// Re-render a saved report.json as tables (or JSON).
+    Report {
+        /// The report.json of a run.
+        report: PathBuf,
+        /// Print JSON instead of the tables.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Compare two runs case by case and phase by phase, with differential flamegraphs.
+    Diff {
+        /// report.json of the first run (before).
+        before: PathBuf,
+        /// report.json of the second run (after).
+        after: PathBuf,
+        /// Where the differential flamegraphs go (default: dmaprof-out/diff-<timestamp>).
+        #[arg(short = 'o', long = "out")]
+        out: Option<PathBuf>,
+        /// Print the comparison as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Options of `dmaprof run`.
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// Buffer size per case: bytes or with a K/M/G/T suffix.
+    #[arg(short = 'b', long = "size", default_value = "1G", allow_hyphen_values = true)]
+    pub size: ByteSize,
+    /// Select cases by shell glob on `<mode>_<backing>.<prefault>` (or on `<mode>_<backing>`
+    /// when the pattern has no dot). Repeatable.
+    #[arg(short = 'v', long = "variant", value_name = "GLOB")]
+    pub variants: Vec<String>,
+    /// Prefault strategies to run.
+    #[arg(long, value_delimiter = ',', default_value = "none,populate,touch")]
+    pub prefault: Vec<Prefault>,
+    /// Traced iterations per case.
+    #[arg(short = 'n', long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_ITERATIONS)))]
+    pub iterations: u32,
+    /// Stack sampling frequency in Hz.
+    #[arg(long = "freq", default_value_t = 4999, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub freq_hz: u64,
+    /// Output directory (default: dmaprof-out/<timestamp>).
+    #[arg(short = 'o', long = "out")]
+    pub out: Option<PathBuf>,
+    /// Print report.json on stdout instead of the tables.
+    #[arg(long)]
+    pub json: bool,
+    /// PCI device (BDF) to DMA-map for; default $VFIO_SELFTESTS_BDF, as in the kernel selftests.
+    #[arg(short = 'd', long, env = "VFIO_SELFTESTS_BDF")]
+    pub device: Option<String>,
+    /// Bind the device to vfio-pci for the run if another driver has it (restored afterwards).
+    #[arg(long)]
+    pub bind: bool,
+    /// Load no probes: every iteration untraced (wall times only).
+    #[arg(long)]
+    pub no_trace: bool,
+    /// Probe mechanisms to attach (what each costs: `cargo xtask bench`).
+    #[arg(
+        long = "probes",
+        value_delimiter = ',',
+        default_value = "samples,tracepoints,fentry,kprobes"
+    )]
+    pub mechanisms: Vec<Mechanism>,
+    /// Show what the BPF programs report (call stacks out of balance, full maps) as it happens;
+    /// `RUST_LOG=debug` does the same. They are counted in the report either way.
+    #[arg(long)]
+    pub debug: bool,
+    /// Testing: entries of the sampled-stack map (a tiny map forces lost samples).
+    #[arg(long, hide = true)]
+    pub sample_map_entries: Option<u32>,
+}
+
+impl RunArgs {
+    /// The run options these arguments give; `started` is when the process began.
+    pub fn options(&self, started: std::time::Instant) -> RunOptions {
+        RunOptions {
+            size: self.size,
+            variants: self.variants.clone(),
+            prefaults: self.prefault.clone(),
+            iterations: self.iterations,
+            freq_hz: self.freq_hz,
+            out: self
+                .out
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("dmaprof-out").join(sys::timestamp())),
+            device: self.device.clone(),
+            bind: self.bind,
+            no_trace: self.no_trace,
+            sample_map_entries: self.sample_map_entries,
+            mechanisms: self.mechanisms.clone(),
+            started,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_arguments_parse_into_types() {
+        let cli = Cli::try_parse_from([
+            "dmaprof",
+            "run",
+            "-b",
+            "256M",
+            "--probes",
+            "fentry,kprobes",
+            "--prefault",
+            "touch",
+        ])
+        .unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("not run")
+        };
+        let o = args.options(std::time::Instant::now());
+        assert_eq!(o.size.bytes(), 256 << 20);
+        assert_eq!(o.mechanisms, vec![Mechanism::Fentry, Mechanism::Kprobes]);
+        assert_eq!(o.prefaults, vec![Prefault::Touch]);
+        assert!(Cli::try_parse_from(["dmaprof", "run", "-b", "100"]).is_err());
+        assert!(Cli::try_parse_from(["dmaprof", "run", "-n", "0"]).is_err());
+    }
+}

@@ -1,0 +1,716 @@
+//! The one attach path, in the manner of retsnoop's mass attacher: **plan** (which probe-table
+//! rows this kernel has and which mechanism each gets) -> **load** (the embedded BPF object,
+//! with the workload thread's id) -> **attach** (fentry/fexit where the kernel allows it,
+//! kprobe/kretprobe otherwise; tracepoints; the sampler) -> **activate** ([`Probes`], whose
+//! phase switch starts recording). `run` and `doctor` both go through it.
+use std::collections::HashSet;
+
+use aya::{
+    Btf, Ebpf, EbpfLoader,
+    maps::{Array, HashMap, MapData, StackTraceMap},
+    programs::{
+        FEntry, FExit, KProbe, PerfEvent, Program, ProgramError, RawTracePoint,
+        perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+    },
+};
+
+use crate::{
+    abi::{self, Control, PhaseCounters, RowConfig, RowStats, SampleKey},
+    probes::{AttachedBy, Mechanism, NOT_REQUESTED, PROBE_TABLE, ProbeStatus, TRACEPOINTS},
+    symbols::KernelSymbols,
+};
+
+/// The BPF object built from profiler-ebpf by build.rs.
+pub static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler-ebpf"));
+
+/// Why something could not be attached (or the probes could not be set up at all).
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    /// The BPF object did not load.
+    #[error("cannot load the BPF programs: {0} (dmaprof needs root, or CAP_BPF + CAP_PERFMON + CAP_SYS_ADMIN)")]
+    Load(#[source] aya::EbpfError),
+    /// A map or program is missing from the object (a build mismatch).
+    #[error("the embedded BPF object has no {0}: rebuild dmaprof")]
+    Missing(String),
+    /// A map operation failed.
+    #[error("BPF map {what}: {source}")]
+    Map {
+        /// Which operation.
+        what: &'static str,
+        /// The error.
+        #[source]
+        source: aya::maps::MapError,
+    },
+    /// A program was refused at load (verifier, EPERM, no BTF target).
+    #[error("{what} load: {reason}")]
+    ProgramLoad {
+        /// fentry, kprobe, ...
+        what: &'static str,
+        /// One line: the verifier's reason or the error.
+        reason: String,
+        /// The whole mechanism is refused here (EPERM, no trampolines), not just this target.
+        refused: bool,
+    },
+    /// A loaded program did not attach.
+    #[error("{what} on {target}: {reason}")]
+    ProgramAttach {
+        /// fentry, kprobe, ...
+        what: &'static str,
+        /// The function or event.
+        target: String,
+        /// Why.
+        reason: String,
+    },
+    /// Not possible on this kernel or with these options.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl AttachError {
+    /// Whether this refusal stands for every target of its mechanism.
+    fn refuses_all(&self) -> bool {
+        matches!(
+            self,
+            AttachError::ProgramLoad { refused: true, .. } | AttachError::Missing(_)
+        )
+    }
+}
+
+/// The program `name` of `ebpf` as the program type `T`.
+fn program<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T, AttachError>
+where
+    &'a mut T: TryFrom<&'a mut Program, Error = ProgramError>,
+{
+    let p = ebpf
+        .program_mut(name)
+        .ok_or_else(|| AttachError::Missing(format!("program {name}")))?;
+    p.try_into()
+        .map_err(|e: ProgramError| AttachError::Missing(format!("program {name} of that type ({e})")))
+}
+
+/// An error on one line: a verifier log is cut to the line that says why the program was refused.
+pub fn one_line(e: &dyn std::fmt::Display) -> String {
+    let text = e.to_string();
+    let Some((head, log)) = text.split_once("Verifier output:") else {
+        return text.lines().next().unwrap_or_default().to_owned();
+    };
+    let lines: Vec<&str> = log.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    let reason = lines
+        .iter()
+        .position(|l| l.starts_with("verification time") || l.starts_with("processed "))
+        .and_then(|i| i.checked_sub(1))
+        .and_then(|i| lines.get(i))
+        .or(lines.last())
+        .copied()
+        .unwrap_or("");
+    let head = head.trim().trim_end_matches('.');
+    if reason.is_empty() {
+        head.to_owned()
+    } else {
+        format!("{head} verifier: {reason}")
+    }
+}
+
+/// Whether a load error means the mechanism as a whole is refused here (not this one function):
+/// EPERM (lockdown, no CAP), or ENOTSUPP/EOPNOTSUPP (no trampolines on this arch/config).
+fn is_refusal(e: &ProgramError) -> bool {
+    /// The kernel's internal ENOTSUPP, which BPF_PROG_LOAD returns without trampolines.
+    const ENOTSUPP: i32 = 524;
+    matches!(
+        e,
+        ProgramError::LoadError { io_error, .. }
+            if matches!(io_error.raw_os_error(), Some(libc::EPERM | libc::EOPNOTSUPP | ENOTSUPP))
+    )
+}
+
+fn load_error(what: &'static str, e: &ProgramError) -> AttachError {
+    AttachError::ProgramLoad {
+        what,
+        reason: one_line(e),
+        refused: is_refusal(e),
+    }
+}
+
+/// What to attach, for which thread.
+#[derive(Clone)]
+pub struct Request<'a> {
+    /// The thread the programs watch.
+    pub tid: u32,
+    /// Sampling frequency (with [`Mechanism::Samples`]).
+    pub freq_hz: u64,
+    /// Mechanisms to use.
+    pub mechanisms: &'a [Mechanism],
+    /// Kernel symbols (probe-table rows are found there).
+    pub symbols: Option<&'a KernelSymbols>,
+    /// Testing: entries of the sampled-stack map (small values force lost samples).
+    pub sample_map_entries: Option<u32>,
+    /// Only these probe-table rows (indices); None: every row.
+    pub rows: Option<&'a [usize]>,
+}
+
+/// One probe-table row this kernel has, and how it will be attached.
+#[derive(Clone, Debug)]
+struct RowPlan {
+    row: usize,
+    symbol: String,
+    /// A single vmlinux function with BTF: fentry can bind to it.
+    fentry_able: bool,
+}
+
+/// Loads the object with the workload thread's id and the bpf() syscall number filled in.
+pub fn load(tid: u32, sample_map_entries: Option<u32>) -> Result<Ebpf, AttachError> {
+    let ignored: i64 = libc::SYS_bpf;
+    let mut loader = EbpfLoader::new();
+    loader
+        .override_global(abi::TARGET_TID_GLOBAL, &tid, true)
+        .override_global(abi::IGNORED_SYSCALL_GLOBAL, &ignored, true);
+    if let Some(n) = sample_map_entries {
+        loader.map_max_entries(abi::maps::SAMPLES, n);
+    }
+    loader.load(BPF_OBJECT).map_err(AttachError::Load)
+}
+
+/// Why no probe-table row can be planned at all (None: some can).
+fn rows_blocked(symbols: Option<&KernelSymbols>) -> Option<&'static str> {
+    match symbols {
+        Some(s) if s.usable() => None,
+        Some(_) => Some("/proc/kallsyms addresses are hidden (kptr_restrict): run as root"),
+        None => Some("kernel symbols unreadable (/proc/kallsyms)"),
+    }
+}
+
+/// Plans the rows: finds each in the symbols and decides whether fentry can bind to it.
+/// Rows that cannot be planned get their status here.
+fn plan_rows(req: &Request, btf: Option<&Btf>, wanted: AttachedBy) -> (Vec<RowPlan>, Vec<ProbeStatus>) {
+    let mut plans = Vec::new();
+    let mut status = Vec::new();
+    let selected = |i: &usize| req.rows.is_none_or(|r| r.contains(i));
+    let symbols = match (rows_blocked(req.symbols), req.symbols) {
+        (None, Some(s)) => Ok(s),
+        (why, _) => Err(why.unwrap_or("kernel symbols unreadable (/proc/kallsyms)")),
+    };
+    for (i, row) in PROBE_TABLE.iter().enumerate().filter(|(i, _)| selected(i)) {
+        let found = symbols.map(|s| s.lookup(row.function).first().map(|&(sym, addrs)| (sym, addrs.len())));
+        match found {
+            Ok(Some((symbol, n))) => plans.push(RowPlan {
+                row: i,
+                symbol: symbol.to_owned(),
+                fentry_able: symbol == row.function
+                    && n == 1
+                    && btf.is_some_and(|b| b.id_by_type_name_kind(symbol, aya_obj::btf::BtfKind::Func).is_ok()),
+            }),
+            Ok(None) => status.push(not_attached(
+                row.function,
+                wanted,
+                "not in /proc/kallsyms: inlined, renamed, or its module is not loaded",
+            )),
+            Err(why) => status.push(not_attached(row.function, wanted, why)),
+        }
+    }
+    (plans, status)
+}
+
+fn not_attached(function: &str, mechanism: AttachedBy, why: impl Into<String>) -> ProbeStatus {
+    ProbeStatus {
+        function: function.to_owned(),
+        mechanism,
+        attached: false,
+        error: Some(why.into()),
+    }
+}
+
+/// Attaches probes to a loaded object, remembering which mechanism has been refused as a whole.
+pub struct Attacher<'e> {
+    ebpf: &'e mut Ebpf,
+    btf: Option<Btf>,
+    /// Why fentry cannot be used any more (None: it can).
+    fentry_block: Option<String>,
+    /// Why kprobes cannot be used (None: they can).
+    kprobe_block: Option<String>,
+    next_slot: u32,
+}
+
+impl<'e> Attacher<'e> {
+    /// An attacher for `ebpf` with the row mechanisms `fentry` and `kprobes` allowed.
+    pub fn new(ebpf: &'e mut Ebpf, fentry: bool, kprobes: bool) -> Self {
+        let btf = if fentry { Btf::from_sys_fs().ok() } else { None };
+        let fentry_block = match (fentry, &btf) {
+            (false, _) => Some("fentry not requested (--probes)".into()),
+            (true, None) => Some("no kernel BTF (/sys/kernel/btf/vmlinux): fentry needs it".into()),
+            (true, Some(_)) => None,
+        };
+        let mut this = Self {
+            ebpf,
+            btf,
+            fentry_block,
+            kprobe_block: None,
+            next_slot: 0,
+        };
+        this.kprobe_block = if !kprobes {
+            Some("kprobes not requested (--probes)".into())
+        } else if !kprobes_available() {
+            Some("kernel has no kprobes (CONFIG_KPROBES off); fentry covers only vmlinux functions: run in `cargo xtask vm`".into())
+        } else {
+            this.load_kprobe_pair().err().map(|e| e.to_string())
+        };
+        this
+    }
+
+    /// Loads row_entry/row_exit (once; they attach to many functions).
+    fn load_kprobe_pair(&mut self) -> Result<(), AttachError> {
+        for name in [abi::programs::ROW_ENTRY, abi::programs::ROW_EXIT] {
+            program::<KProbe>(self.ebpf, name)?
+                .load()
+                .map_err(|e| load_error("kprobe", &e))?;
+        }
+        Ok(())
+    }
+
+    /// kprobe + kretprobe on `symbol`; neither stays if one fails.
+    pub fn kprobe_pair(&mut self, symbol: &str) -> Result<(), AttachError> {
+        if let Some(why) = &self.kprobe_block {
+            return Err(AttachError::Unavailable(why.clone()));
+        }
+        let attach_err = |what, e: ProgramError| AttachError::ProgramAttach {
+            what,
+            target: symbol.to_owned(),
+            reason: e.to_string(),
+        };
+        let link = program::<KProbe>(self.ebpf, abi::programs::ROW_ENTRY)?
+            .attach(symbol, 0)
+            .map_err(|e| attach_err("kprobe", e))?;
+        if let Err(e) = program::<KProbe>(self.ebpf, abi::programs::ROW_EXIT)?.attach(symbol, 0) {
+            let _ = program::<KProbe>(self.ebpf, abi::programs::ROW_ENTRY)?.detach(link);
+            return Err(attach_err("kretprobe", e));
+        }
+        Ok(())
+    }
+
+    /// fentry + fexit on `symbol` in the next free slot; neither stays if one fails.
+    pub fn fentry_pair(&mut self, symbol: &str) -> Result<(), AttachError> {
+        if let Some(why) = &self.fentry_block {
+            return Err(AttachError::Unavailable(why.clone()));
+        }
+        if self.next_slot >= abi::FENTRY_SLOTS {
+            return Err(AttachError::Unavailable("all fentry slots in use".into()));
+        }
+        let slot = self.next_slot;
+        self.next_slot += 1;
+        let result = self.fentry_slot(slot, symbol);
+        if let Err(e) = &result
+            && e.refuses_all()
+        {
+            self.fentry_block = Some(e.to_string());
+        }
+        result
+    }
+
+    fn fentry_slot(&mut self, slot: u32, symbol: &str) -> Result<(), AttachError> {
+        let btf = self
+            .btf
+            .as_ref()
+            .ok_or_else(|| AttachError::Unavailable("no kernel BTF".into()))?;
+        let entry_name = format!("{}{slot}", abi::programs::ROW_FENTRY_PREFIX);
+        let exit_name = format!("{}{slot}", abi::programs::ROW_FEXIT_PREFIX);
+        let attach_err = |what, e: ProgramError| AttachError::ProgramAttach {
+            what,
+            target: symbol.to_owned(),
+            reason: e.to_string(),
+        };
+        let entry = program::<FEntry>(self.ebpf, &entry_name)?;
+        entry.load(symbol, btf).map_err(|e| load_error("fentry", &e))?;
+        let link = entry.attach().map_err(|e| attach_err("fentry", e))?;
+        let exit = program::<FExit>(self.ebpf, &exit_name)?;
+        let result = exit
+            .load(symbol, btf)
+            .map_err(|e| load_error("fexit", &e))
+            .and_then(|()| exit.attach().map(drop).map_err(|e| attach_err("fexit", e)));
+        if result.is_err() {
+            let _ = program::<FEntry>(self.ebpf, &entry_name)?.detach(link);
+        }
+        result
+    }
+
+    /// One planned row: fentry when it can bind and is allowed, else kprobes.
+    fn row(&mut self, plan: &RowPlan) -> ProbeStatus {
+        let function = PROBE_TABLE[plan.row].function;
+        let attached = |mechanism| ProbeStatus {
+            function: function.to_owned(),
+            mechanism,
+            attached: true,
+            error: None,
+        };
+        let fentry_error = if plan.fentry_able {
+            match self.fentry_pair(&plan.symbol) {
+                Ok(()) => return attached(AttachedBy::Fentry),
+                Err(e) => Some(e.to_string()),
+            }
+        } else {
+            None
+        };
+        match self.kprobe_pair(&plan.symbol) {
+            Ok(()) => attached(AttachedBy::Kprobe),
+            Err(e) => {
+                let first = match (fentry_error, &self.fentry_block) {
+                    (Some(f), _) => f,
+                    (None, _) if !plan.fentry_able => "module function or compiler clone (no fentry)".to_owned(),
+                    (None, Some(block)) => block.clone(),
+                    (None, None) => String::new(),
+                };
+                let why = if first.is_empty() {
+                    e.to_string()
+                } else {
+                    format!("{first}; {e}")
+                };
+                not_attached(function, AttachedBy::Kprobe, why)
+            }
+        }
+    }
+
+    /// Loads and attaches one raw tracepoint.
+    pub fn tracepoint(&mut self, prog: &str, event: &str) -> Result<(), AttachError> {
+        let p = program::<RawTracePoint>(self.ebpf, prog)?;
+        p.load().map_err(|e| load_error("raw tracepoint", &e))?;
+        p.attach(event).map(drop).map_err(|e| AttachError::ProgramAttach {
+            what: "raw tracepoint",
+            target: event.to_owned(),
+            reason: e.to_string(),
+        })
+    }
+
+    /// Loads the sampler and attaches it to thread `tid`'s CPU clock at `freq_hz`.
+    pub fn sampler(&mut self, tid: u32, freq_hz: u64) -> Result<(), AttachError> {
+        let p = program::<PerfEvent>(self.ebpf, abi::programs::SAMPLE_STACK)?;
+        p.load().map_err(|e| load_error("perf_event", &e))?;
+        p.attach(
+            PerfEventConfig::Software(SoftwareEvent::CpuClock),
+            PerfEventScope::OneProcess { pid: tid, cpu: None },
+            SamplePolicy::Frequency(freq_hz),
+            false,
+        )
+        .map(drop)
+        .map_err(|e| AttachError::ProgramAttach {
+            what: "perf_event",
+            target: format!("cpu-clock of thread {tid}"),
+            reason: crate::loader::chain(&e),
+        })
+    }
+}
+
+/// An error with its sources, on one line.
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// Whether this kernel has kprobes at all (the kprobe PMU).
+pub fn kprobes_available() -> bool {
+    std::path::Path::new("/sys/bus/event_source/devices/kprobe/type").exists()
+}
+
+/// Fills ROW_BY_IP so the row programs know which row an entry address belongs to.
+fn register_rows(ebpf: &mut Ebpf, symbols: &KernelSymbols, plans: &[RowPlan]) -> Result<(), AttachError> {
+    let mut by_ip: HashMap<_, u64, RowConfig> = ebpf
+        .map_mut(abi::maps::ROW_BY_IP)
+        .ok_or_else(|| AttachError::Missing(format!("map {}", abi::maps::ROW_BY_IP)))
+        .and_then(|m| {
+            HashMap::try_from(m).map_err(|source| AttachError::Map {
+                what: "ROW_BY_IP",
+                source,
+            })
+        })?;
+    for plan in plans {
+        let row = &PROBE_TABLE[plan.row];
+        let cfg = RowConfig {
+            row: plan.row as u32,
+            amount_arg: row.amount.map_or(-1, |(a, _)| i32::from(a)),
+        };
+        for (_, addrs) in symbols.lookup(row.function).iter().filter(|(s, _)| *s == plan.symbol) {
+            for a in *addrs {
+                by_ip.insert(*a, cfg, 0).map_err(|source| AttachError::Map {
+                    what: "ROW_BY_IP insert",
+                    source,
+                })?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Attaches the probe-table rows the request selects.
+fn attach_rows(ebpf: &mut Ebpf, req: &Request) -> Result<Vec<ProbeStatus>, AttachError> {
+    let (fentry, kprobes) = (
+        req.mechanisms.contains(&Mechanism::Fentry),
+        req.mechanisms.contains(&Mechanism::Kprobes),
+    );
+    let wanted = if fentry { AttachedBy::Fentry } else { AttachedBy::Kprobe };
+    if !fentry && !kprobes {
+        let selected = |i: &usize| req.rows.is_none_or(|r| r.contains(i));
+        return Ok(PROBE_TABLE
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| selected(i))
+            .map(|(_, r)| not_attached(r.function, AttachedBy::Kprobe, NOT_REQUESTED))
+            .collect());
+    }
+    let mut attacher = Attacher::new(ebpf, fentry, kprobes);
+    let (plans, mut status) = plan_rows(req, attacher.btf.as_ref(), wanted);
+    if let Some(symbols) = req.symbols {
+        register_rows(attacher.ebpf, symbols, &plans)?;
+    }
+    status.extend(plans.iter().map(|p| attacher.row(p)));
+    Ok(status)
+}
+
+/// Attaches the tracepoints and the sampler the request selects.
+fn attach_events(ebpf: &mut Ebpf, req: &Request) -> Vec<ProbeStatus> {
+    let mut attacher = Attacher::new(ebpf, false, false);
+    let mut status = Vec::new();
+    for tp in TRACEPOINTS {
+        let result = if req.mechanisms.contains(&Mechanism::Tracepoints) {
+            attacher.tracepoint(tp.program, tp.event).map_err(|e| e.to_string())
+        } else {
+            Err(NOT_REQUESTED.into())
+        };
+        status.push(ProbeStatus {
+            function: format!("{}:{}", tp.category, tp.event),
+            mechanism: AttachedBy::RawTracepoint,
+            attached: result.is_ok(),
+            error: result.err(),
+        });
+    }
+    let sampler = if req.mechanisms.contains(&Mechanism::Samples) {
+        attacher.sampler(req.tid, req.freq_hz).map_err(|e| e.to_string())
+    } else {
+        Err(NOT_REQUESTED.into())
+    };
+    status.push(ProbeStatus {
+        function: format!("cpu-clock@{}Hz", req.freq_hz),
+        mechanism: AttachedBy::PerfEvent,
+        attached: sampler.is_ok(),
+        error: sampler.err(),
+    });
+    status
+}
+
+/// Plans, loads and attaches what `req` asks for, and returns the activated probes. A probe
+/// that cannot attach is recorded in `status`; only a failed load is an error.
+pub fn attach(req: &Request) -> Result<Probes, AttachError> {
+    let mut ebpf = load(req.tid, req.sample_map_entries)?;
+    let mut status = attach_rows(&mut ebpf, req)?;
+    status.extend(attach_events(&mut ebpf, req));
+    Probes::activate(ebpf, status)
+}
+
+/// One sampled stack and how often it was seen.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RawSample {
+    /// Phase slot.
+    pub slot: u32,
+    /// Kernel frame addresses, leaf first (empty: sample in user mode).
+    pub kernel: Vec<u64>,
+    /// Number of samples with this stack.
+    pub count: u64,
+}
+
+/// What one case's probes recorded.
+#[derive(Clone, Debug, Default)]
+pub struct Drained {
+    /// Counters per phase slot (only slots with any activity).
+    pub counters: Vec<(u32, PhaseCounters)>,
+    /// Sampled stacks.
+    pub samples: Vec<RawSample>,
+    /// Exact per-row stats: (slot, row index, stats), only non-zero ones.
+    pub rows: Vec<(u32, usize, RowStats)>,
+}
+
+/// The loaded and attached probes for one workload thread.
+pub struct Probes {
+    ebpf: Ebpf,
+    control: Array<MapData, Control>,
+    counters: Array<MapData, PhaseCounters>,
+    samples: HashMap<MapData, SampleKey, u64>,
+    stacks: StackTraceMap<MapData>,
+    row_stats: Array<MapData, RowStats>,
+    logger: Option<aya_log::EbpfLogger<crate::bpflog::BpfLog>>,
+    /// What attached and what did not.
+    pub status: Vec<ProbeStatus>,
+}
+
+impl Probes {
+    /// Takes the maps user space reads and starts forwarding the programs' log records.
+    fn activate(mut ebpf: Ebpf, status: Vec<ProbeStatus>) -> Result<Self, AttachError> {
+        let logger = aya_log::EbpfLogger::init_with_logger(&mut ebpf, crate::bpflog::BpfLog).ok();
+        let mut take = |name: &'static str| {
+            ebpf.take_map(name)
+                .ok_or_else(|| AttachError::Missing(format!("map {name}")))
+        };
+        let map_err = |what| move |source| AttachError::Map { what, source };
+        let control = Array::try_from(take(abi::maps::CONTROL)?).map_err(map_err("CONTROL"))?;
+        let counters = Array::try_from(take(abi::maps::PHASE_COUNTERS)?).map_err(map_err("PHASE_COUNTERS"))?;
+        let samples = HashMap::try_from(take(abi::maps::SAMPLES)?).map_err(map_err("SAMPLES"))?;
+        let stacks = StackTraceMap::try_from(take(abi::maps::STACKS)?).map_err(map_err("STACKS"))?;
+        let row_stats = Array::try_from(take(abi::maps::ROW_STATS)?).map_err(map_err("ROW_STATS"))?;
+        Ok(Self {
+            ebpf,
+            control,
+            counters,
+            samples,
+            stacks,
+            row_stats,
+            logger,
+            status,
+        })
+    }
+
+    /// The rows that attached (indices into [`PROBE_TABLE`]) and how.
+    pub fn attached_rows(&self) -> Vec<(usize, AttachedBy)> {
+        PROBE_TABLE
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| {
+                let s = self.status.iter().find(|s| s.function == r.function && s.attached)?;
+                Some((i, s.mechanism))
+            })
+            .collect()
+    }
+
+    /// Starts recording into phase slot `slot` (0 stops recording).
+    pub fn set_phase(&mut self, slot: u32) -> Result<(), AttachError> {
+        self.control
+            .set(
+                0,
+                Control {
+                    phase: slot,
+                    _reserved: 0,
+                },
+                0,
+            )
+            .map_err(|source| AttachError::Map {
+                what: "CONTROL update",
+                source,
+            })
+    }
+
+    /// Forwards the programs' pending log records (shown with `--debug`).
+    pub fn flush_log(&mut self) {
+        if let Some(l) = self.logger.as_mut() {
+            l.flush();
+        }
+    }
+
+    /// Reads and clears everything recorded in slots `1..slots`.
+    pub fn drain(&mut self, slots: u32) -> Result<Drained, AttachError> {
+        self.flush_log();
+        let map_err = |what| move |source| AttachError::Map { what, source };
+        let slots = 1..slots.min(abi::MAX_PHASES);
+        let mut out = Drained::default();
+        for slot in slots.clone() {
+            let c = self.counters.get(&slot, 0).map_err(map_err("PHASE_COUNTERS read"))?;
+            if c != PhaseCounters::default() {
+                out.counters.push((slot, c));
+                self.counters
+                    .set(slot, PhaseCounters::default(), 0)
+                    .map_err(map_err("PHASE_COUNTERS reset"))?;
+            }
+        }
+        let rows: Vec<usize> = self.attached_rows().into_iter().map(|(r, _)| r).collect();
+        for slot in slots {
+            for &row in &rows {
+                let idx = slot * abi::MAX_ROWS + row as u32;
+                let st = self.row_stats.get(&idx, 0).map_err(map_err("ROW_STATS read"))?;
+                if st != RowStats::default() {
+                    out.rows.push((slot, row, st));
+                    self.row_stats
+                        .set(idx, RowStats::default(), 0)
+                        .map_err(map_err("ROW_STATS reset"))?;
+                }
+            }
+        }
+        out.samples = self.drain_samples()?;
+        Ok(out)
+    }
+
+    fn drain_samples(&mut self) -> Result<Vec<RawSample>, AttachError> {
+        let keys: Vec<SampleKey> =
+            self.samples
+                .keys()
+                .collect::<Result<_, _>>()
+                .map_err(|source| AttachError::Map {
+                    what: "SAMPLES keys",
+                    source,
+                })?;
+        let mut stack_ids = HashSet::new();
+        let mut out = Vec::new();
+        for key in keys {
+            let Ok(count) = self.samples.get(&key, 0) else { continue };
+            let kernel = match u32::try_from(key.kernel_stack) {
+                Ok(id) => {
+                    stack_ids.insert(id);
+                    self.stacks
+                        .get(&id, 0)
+                        .map(|st| st.frames().iter().map(|f| f.ip).collect())
+                        .unwrap_or_default()
+                }
+                Err(_) => Vec::new(),
+            };
+            out.push(RawSample {
+                slot: key.phase,
+                kernel,
+                count,
+            });
+            let _ = self.samples.remove(&key);
+        }
+        for id in stack_ids {
+            let _ = self.stacks.remove(&id);
+        }
+        Ok(out)
+    }
+
+    /// The loaded object (for tests and doctor's checks).
+    pub fn ebpf(&mut self) -> &mut Ebpf {
+        &mut self.ebpf
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verifier_logs_shrink_to_their_reason() {
+        let e = "the BPF_PROG_LOAD syscall failed. Verifier output: 0: (b7) r0 = 0\n\
+                 R1 invalid mem access 'scalar'\nprocessed 12 insns (limit 1000000)";
+        assert_eq!(
+            one_line(&e),
+            "the BPF_PROG_LOAD syscall failed verifier: R1 invalid mem access 'scalar'"
+        );
+        assert_eq!(one_line(&"plain error\nsecond line"), "plain error");
+    }
+
+    #[test]
+    fn rows_without_symbols_say_why() {
+        let req = Request {
+            tid: 1,
+            freq_hz: 1,
+            mechanisms: &Mechanism::ALL,
+            symbols: None,
+            sample_map_entries: None,
+            rows: Some(&[0, 3]),
+        };
+        let (plans, status) = plan_rows(&req, None, AttachedBy::Fentry);
+        assert!(plans.is_empty());
+        assert_eq!(status.len(), 2);
+        assert!(
+            status
+                .iter()
+                .all(|s| !s.attached && s.error.as_deref().unwrap().contains("kallsyms"))
+        );
+    }
+}

@@ -1,0 +1,111 @@
+//! Writing a run's files: the output directory, each case's folded stacks and flamegraphs, and
+//! report.json (written to a temporary file and renamed, so it is never left half-written).
+use std::{
+    fs,
+    path::{Path, PathBuf},
+};
+
+use crate::{attribution::CaseOutput, report::Report};
+
+/// A file or directory that could not be written.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot write {path}: {source}: choose a writable --out directory")]
+pub struct OutputError {
+    /// What.
+    pub path: String,
+    /// Why.
+    pub source: std::io::Error,
+}
+
+fn at(path: &Path) -> impl FnOnce(std::io::Error) -> OutputError + '_ {
+    move |source| OutputError {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// The output directory, created for the run: the directories dmaprof had to make are removed
+/// again on drop if the run wrote nothing into them, so a failed start leaves nothing behind.
+#[derive(Debug)]
+pub struct OutDir {
+    /// The directory.
+    pub path: PathBuf,
+    created: Vec<PathBuf>,
+}
+
+impl OutDir {
+    /// Creates `path` (and missing parents).
+    pub fn create(path: PathBuf) -> Result<Self, OutputError> {
+        // Leaf first, so dropping removes children before parents.
+        let created = path
+            .ancestors()
+            .take_while(|a| !a.exists() && !a.as_os_str().is_empty())
+            .map(Into::into)
+            .collect();
+        fs::create_dir_all(&path).map_err(at(&path))?;
+        Ok(Self { path, created })
+    }
+}
+
+impl Drop for OutDir {
+    fn drop(&mut self) {
+        for d in &self.created {
+            // Fails (and keeps the directory) unless it is empty.
+            let _ = fs::remove_dir(d);
+        }
+    }
+}
+
+/// Writes a case's folded stacks and flamegraphs (one per phase) and its exact summary into
+/// `<dir>/<case>/`.
+pub fn write_case(dir: &Path, case: &CaseOutput) -> Result<(), OutputError> {
+    let name = &case.report.name;
+    let case_dir = dir.join(name);
+    fs::create_dir_all(&case_dir).map_err(at(&case_dir))?;
+    for (phase, folded) in &case.folded {
+        let stem = phase.name();
+        folded
+            .write(&case_dir, stem, &format!("{name}: {stem}"))
+            .map_err(at(&case_dir.join(stem)))?;
+    }
+    case.summary
+        .write_counted(
+            &case_dir,
+            "summary",
+            &format!("{name}: exact time, phase -> category -> function"),
+            "ns",
+        )
+        .map_err(at(&case_dir.join("summary.svg")))
+}
+
+/// Writes `report.json` into `dir`, atomically.
+pub fn write_report(dir: &Path, report: &Report) -> Result<PathBuf, OutputError> {
+    let path = dir.join("report.json");
+    let tmp = dir.join(".report.json.tmp");
+    let json = serde_json::to_string_pretty(report).expect("reports always serialise") + "\n";
+    fs::write(&tmp, json).map_err(|e| {
+        let _ = fs::remove_file(&tmp);
+        at(&path)(e)
+    })?;
+    fs::rename(&tmp, &path).map_err(at(&path))?;
+    Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn created_directories_go_away_when_nothing_was_written() {
+        let root = std::env::temp_dir().join(format!("dmaprof-out-test-{}", std::process::id()));
+        let out = OutDir::create(root.join("a/b")).unwrap();
+        assert!(out.path.is_dir());
+        drop(out);
+        assert!(!root.exists());
+        let out = OutDir::create(root.join("c")).unwrap();
+        fs::write(out.path.join("kept"), "x").unwrap();
+        drop(out);
+        assert!(root.join("c/kept").exists());
+        fs::remove_dir_all(&root).unwrap();
+    }
+}

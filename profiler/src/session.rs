@@ -1,0 +1,397 @@
+//! A `dmaprof run` session: [`Session::prepare`] (output directory, privileges, plan, the
+//! single-instance lock, the device) and [`Session::execute`] (untraced reference, probes, each
+//! case's iterations, attribution, files), on the thread the probes watch.
+use std::{collections::BTreeMap, path::Path, time::Instant};
+
+use crate::{
+    attribution::{self, CaseInput},
+    device::{Device, DeviceError},
+    dma::DmaContext,
+    doctor::{self, Doctor},
+    hugepages::Reservation,
+    kernel,
+    loader::{self, AttachError, Drained, Probes, Request},
+    matrix::{Case, Workload},
+    output::{self, OutDir, OutputError},
+    plan::{self, Plan, PlanError, RunOptions},
+    privileges,
+    report::{self, Config, Failed, Report, Skipped, Timing},
+    stop::{Control, Stage},
+    symbols::KernelSymbols,
+    sys::{self, FileLock, LockError},
+    workload::{self, PHASES, Phase, PhaseObserver, PhaseRun, WorkloadError},
+};
+
+/// Most iterations per case: every (iteration, phase) pair needs its own slot in the BPF maps.
+pub const MAX_ITERATIONS: u32 = (crate::abi::MAX_PHASES - 1) / PHASES.len() as u32;
+
+/// Why a run could not start or finish.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// Bad options (exit code 2).
+    #[error("{0}")]
+    Usage(String),
+    /// The plan could not be made from the options (exit code 2).
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    /// Another dmaprof holds the lock.
+    #[error("another dmaprof is running ({0}): wait for it or stop it")]
+    Locked(#[from] LockError),
+    /// Probes could not be loaded.
+    #[error(transparent)]
+    Attach(#[from] AttachError),
+    /// The device cannot be used (exit code 2).
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+    /// Output could not be written.
+    #[error(transparent)]
+    Output(#[from] OutputError),
+}
+
+impl RunError {
+    /// Whether the user should fix their command line (exit code 2) rather than the system.
+    pub fn is_usage(&self) -> bool {
+        matches!(self, RunError::Usage(_) | RunError::Plan(_) | RunError::Device(_))
+    }
+}
+
+/// A prepared run: nothing has been measured yet, everything it needs is held.
+pub struct Session {
+    opts: RunOptions,
+    out: OutDir,
+    _lock: FileLock,
+    device: Option<Device>,
+    plan: Plan,
+    doctor: Doctor,
+}
+
+/// Where the single-instance lock lives.
+fn lock_path() -> &'static Path {
+    if Path::new("/run").is_dir() {
+        Path::new("/run/dmaprof.lock")
+    } else {
+        Path::new("/tmp/dmaprof.lock")
+    }
+}
+
+impl Session {
+    /// Checks privileges and the output directory, plans the cases, takes the lock and opens the
+    /// device; usage errors come out before anything is changed.
+    pub fn prepare(opts: RunOptions) -> Result<Self, RunError> {
+        if opts.out.exists() && !opts.out.is_dir() {
+            return Err(RunError::Usage(format!(
+                "--out {} exists and is not a directory",
+                opts.out.display()
+            )));
+        }
+        if let Some(why) = privileges::refusal() {
+            return Err(RunError::Usage(why));
+        }
+        let out = OutDir::create(opts.out.clone()).map_err(|e| {
+            RunError::Usage(format!(
+                "cannot create --out {}: {}: choose a writable directory",
+                e.path, e.source
+            ))
+        })?;
+        let doctor = doctor::probe_for_run();
+        let plan = plan::plan(&opts, &doctor.capabilities)?;
+        let lock = sys::try_lock(lock_path())?;
+        let device = match &opts.device {
+            Some(bdf) if plan.run.iter().any(|c| c.mode.is_some()) => Some(Device::open(bdf, opts.bind)?),
+            Some(bdf) => {
+                crate::device::parse_bdf(bdf)?;
+                None
+            }
+            None => None,
+        };
+        Ok(Self {
+            opts,
+            out,
+            _lock: lock,
+            device,
+            plan,
+            doctor,
+        })
+    }
+
+    /// The plan, for printing before the run starts.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// The output directory.
+    pub fn out_dir(&self) -> &Path {
+        &self.out.path
+    }
+
+    /// Runs the plan on the calling thread (the probes watch this thread only) and writes the
+    /// report.
+    pub fn execute(self, control: &Control) -> Result<Report, RunError> {
+        control.enter(Stage::SetUp);
+        let symbols = KernelSymbols::load().ok();
+        let mut report = self.new_report(symbols.as_ref());
+        let started = Instant::now();
+        let untraced = self.reference_runs(control);
+        report.timing.reference_ns = started.elapsed().as_nanos() as u64;
+        control.enter(Stage::Attaching);
+        let started = Instant::now();
+        let mut probes = self.attach(symbols.as_ref())?;
+        report.timing.attach_ns = started.elapsed().as_nanos() as u64;
+        report.timing.start_to_attached_ns = self.opts.started.elapsed().as_nanos() as u64;
+        report.probes = probes.as_ref().map(|p| p.status.clone()).unwrap_or_default();
+        for case in &self.plan.run {
+            if control.cancelled() {
+                report.partial = true;
+                break;
+            }
+            let reference = untraced.get(&case.name()).map(Vec::as_slice);
+            let stop = self.measure_case(case, &mut report, probes.as_mut(), reference, symbols.as_ref(), control)?;
+            if stop {
+                report.partial = true;
+                break;
+            }
+        }
+        // From here on a signal no longer shortens the run: the report is complete unless it
+        // came before this check.
+        control.enter(Stage::Finishing);
+        report.partial |= control.cancelled();
+        report.timing.peak_rss_kib = sys::peak_rss_kib();
+        output::write_report(&self.out.path, &report)?;
+        Ok(report)
+    }
+
+    fn new_report(&self, symbols: Option<&KernelSymbols>) -> Report {
+        let mut kernel = self.doctor.kernel.clone();
+        // The symbols are loaded already: judge the kernel's features from them.
+        kernel.features = match symbols.filter(|s| s.usable()) {
+            Some(s) => kernel::features_from(Some(&|n| s.has(n))),
+            None => kernel::features_from(None),
+        };
+        let o = &self.opts;
+        Report {
+            schema: report::SCHEMA.into(),
+            dmaprof_version: env!("CARGO_PKG_VERSION").into(),
+            kernel,
+            device: self.device.as_ref().map(|d| d.bdf.clone()),
+            capabilities: self.doctor.capabilities.clone(),
+            config: Config {
+                size_bytes: o.size.bytes(),
+                iterations: o.iterations,
+                freq_hz: o.freq_hz,
+                variants: o.variants.clone(),
+                prefaults: o.prefaults.clone(),
+                traced: !o.no_trace,
+                probes: if o.no_trace { Vec::new() } else { o.mechanisms.clone() },
+            },
+            cases: Vec::new(),
+            skipped: self.plan.skipped.clone(),
+            failed: Vec::new(),
+            probes: Vec::new(),
+            partial: false,
+            timing: Timing::default(),
+        }
+    }
+
+    /// One untraced iteration per case before any probe is loaded, so the report can show what
+    /// tracing costs (traced / untraced) per phase.
+    fn reference_runs(&self, control: &Control) -> BTreeMap<String, Vec<PhaseRun>> {
+        let mut untraced = BTreeMap::new();
+        if self.opts.no_trace {
+            return untraced;
+        }
+        for case in &self.plan.run {
+            if let Ok(CaseRuns { runs, failure: None }) = self.run_case(case, 1, None, control) {
+                untraced.extend(runs.into_iter().next().map(|r| (case.name(), r)));
+            }
+        }
+        untraced
+    }
+
+    fn attach(&self, symbols: Option<&KernelSymbols>) -> Result<Option<Probes>, AttachError> {
+        if self.opts.no_trace {
+            return Ok(None);
+        }
+        let probes = loader::attach(&Request {
+            tid: sys::gettid(),
+            freq_hz: self.opts.freq_hz,
+            mechanisms: &self.opts.mechanisms,
+            symbols,
+            sample_map_entries: self.opts.sample_map_entries,
+            rows: None,
+        })?;
+        Ok(Some(probes))
+    }
+
+    /// Runs one case traced, attributes it and writes its files. Returns true when the run
+    /// must stop (interrupted).
+    fn measure_case(
+        &self,
+        case: &Case,
+        report: &mut Report,
+        mut probes: Option<&mut Probes>,
+        reference: Option<&[PhaseRun]>,
+        symbols: Option<&KernelSymbols>,
+        control: &Control,
+    ) -> Result<bool, RunError> {
+        let name = case.name();
+        let CaseRuns { runs, failure } = match self.run_case(case, self.opts.iterations, probes.as_deref_mut(), control)
+        {
+            Ok(r) => r,
+            Err(CaseError::Skip(reason)) => {
+                eprintln!("dmaprof: skipping {name}: {reason}");
+                report.skipped.push(Skipped { name, reason });
+                return Ok(false);
+            }
+            Err(CaseError::Fail(error)) => {
+                eprintln!("dmaprof: {name} failed: {error}");
+                report.failed.push(Failed { name, error });
+                return Ok(false);
+            }
+            Err(CaseError::Probes(e)) => return Err(e.into()),
+        };
+        control.enter(Stage::Reporting(name.clone()));
+        let (drained, rows) = match probes {
+            Some(p) => (p.drain(attribution::slots(self.opts.iterations))?, p.attached_rows()),
+            None => (Drained::default(), Vec::new()),
+        };
+        if !runs.is_empty() {
+            let workload = Workload {
+                case: *case,
+                size: self.opts.size,
+            };
+            let out = attribution::case_report(&CaseInput {
+                workload: &workload,
+                runs: &runs,
+                untraced: reference,
+                drained: &drained,
+                symbols,
+                rows: &rows,
+            });
+            output::write_case(&self.out.path, &out)?;
+            report.cases.push(out.report);
+        }
+        match failure {
+            Some(WorkloadError::Interrupted) => return Ok(true),
+            Some(e) => {
+                eprintln!("dmaprof: {name} failed: {e}");
+                report.failed.push(Failed {
+                    name,
+                    error: e.to_string(),
+                });
+            }
+            None => {}
+        }
+        Ok(false)
+    }
+
+    /// Reserves what `case` needs, sets up its DMA context, runs one discarded warm-up
+    /// iteration, then `iterations` iterations, traced into `probes` if given.
+    fn run_case(
+        &self,
+        case: &Case,
+        iterations: u32,
+        mut probes: Option<&mut Probes>,
+        control: &Control,
+    ) -> Result<CaseRuns, CaseError> {
+        control.enter(Stage::Opening(case.name()));
+        let size = self.opts.size;
+        let _reservation = match case.backing.hugetlb_kb() {
+            Some(kb) => Some(
+                Reservation::reserve(kb, size.pages(case.backing.page_size()))
+                    .map_err(|e| CaseError::Skip(e.to_string()))?,
+            ),
+            None => None,
+        };
+        let traced = if probes.is_some() { "traced" } else { "untraced" };
+        eprintln!("dmaprof: {} {traced} ({iterations} x {size})", case.name());
+        let mut dma = self.dma_context(case)?;
+        let workload = Workload { case: *case, size };
+        // Warm up untraced and discard: first touches of fresh (or freshly reserved) memory
+        // are many times slower and would make every first iteration an outlier.
+        let mut warm = SlotObserver::new(None, 0, control, case);
+        if let Err(e) = workload::run_iteration(&workload, dma.as_mut(), &mut warm, control.cancel_flag()) {
+            return Ok(CaseRuns {
+                runs: Vec::new(),
+                failure: Some(e),
+            });
+        }
+        let mut runs = Vec::new();
+        for iteration in 0..iterations {
+            let mut obs = SlotObserver::new(probes.as_deref_mut(), iteration, control, case);
+            let r = workload::run_iteration(&workload, dma.as_mut(), &mut obs, control.cancel_flag());
+            if let Some(e) = obs.error.take() {
+                return Err(CaseError::Probes(e));
+            }
+            match r {
+                Ok(r) => runs.push(r),
+                Err(e) => return Ok(CaseRuns { runs, failure: Some(e) }),
+            }
+        }
+        Ok(CaseRuns { runs, failure: None })
+    }
+
+    fn dma_context(&self, case: &Case) -> Result<Option<DmaContext>, CaseError> {
+        let Some(mode) = case.mode else { return Ok(None) };
+        let Some(dev) = self.device.as_ref() else {
+            return Err(CaseError::Skip("needs a VFIO device".into()));
+        };
+        let (memfd, page) = (case.backing.memfd(), case.backing.page_size());
+        DmaContext::open(mode, dev, memfd, self.opts.size.bytes(), page)
+            .map(Some)
+            .map_err(|e| CaseError::Fail(e.to_string()))
+    }
+}
+
+/// Routes each phase of each iteration to its own slot in the BPF maps.
+struct SlotObserver<'a> {
+    probes: Option<&'a mut Probes>,
+    iteration: u32,
+    control: &'a Control,
+    case: String,
+    error: Option<AttachError>,
+}
+
+impl<'a> SlotObserver<'a> {
+    fn new(probes: Option<&'a mut Probes>, iteration: u32, control: &'a Control, case: &Case) -> Self {
+        Self {
+            probes,
+            iteration,
+            control,
+            case: case.name(),
+            error: None,
+        }
+    }
+}
+
+impl PhaseObserver for SlotObserver<'_> {
+    fn begin(&mut self, phase: Phase) {
+        self.control.enter(Stage::Phase(self.case.clone(), phase.name()));
+        let slot = attribution::slot(self.iteration, phase);
+        if let Some(Err(e)) = self.probes.as_mut().map(|p| p.set_phase(slot)) {
+            self.error.get_or_insert(e);
+        }
+    }
+
+    fn end(&mut self, _phase: Phase) {
+        if let Some(Err(e)) = self.probes.as_mut().map(|p| p.set_phase(0)) {
+            self.error.get_or_insert(e);
+        }
+        self.control.leave();
+    }
+}
+
+/// The iterations of one case that ran, and what stopped the rest.
+struct CaseRuns {
+    runs: Vec<Vec<PhaseRun>>,
+    failure: Option<WorkloadError>,
+}
+
+/// Why a case did not run at all.
+enum CaseError {
+    /// This host cannot run it (e.g. no hugepages): skipped with the reason.
+    Skip(String),
+    /// Setting it up failed (e.g. the DMA context): a failure.
+    Fail(String),
+    /// The probes broke: the whole run stops.
+    Probes(AttachError),
+}

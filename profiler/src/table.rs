@@ -1,0 +1,210 @@
+//! The tables `dmaprof run` and `dmaprof report` print.
+use std::fmt::Write as _;
+
+use crate::{
+    category::{CATEGORIES, Category},
+    probes::{Mechanism, NOT_REQUESTED},
+    report::{CaseReport, PhaseReport, Report},
+    size::HumanSize,
+};
+
+/// Milliseconds with as many decimals as the magnitude deserves.
+pub fn ms(ns: u64) -> String {
+    let ms = ns as f64 / 1e6;
+    if ms >= 100.0 {
+        format!("{ms:.0}")
+    } else if ms >= 1.0 {
+        format!("{ms:.2}")
+    } else {
+        format!("{ms:.3}")
+    }
+}
+
+/// Renders the human-readable tables: a header, one table per case, then what was skipped,
+/// failed or not attached.
+pub fn render_table(report: &Report) -> String {
+    let mut out = header(report);
+    for case in &report.cases {
+        out += &case_table(case);
+    }
+    out += &footer(report);
+    out
+}
+
+fn header(report: &Report) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "dmaprof on Linux {} ({}), {} per case, {} iterations, sampling at {} Hz{}",
+        report.kernel.release,
+        report.kernel.machine,
+        HumanSize(report.config.size_bytes),
+        report.config.iterations,
+        report.config.freq_hz,
+        if report.partial {
+            " -- PARTIAL (interrupted)"
+        } else {
+            ""
+        }
+    );
+    let with = |p: bool| {
+        let ids: Vec<&str> = report
+            .kernel
+            .features
+            .iter()
+            .filter(|f| f.present == Some(p))
+            .map(|f| f.id.as_str())
+            .collect();
+        if ids.is_empty() {
+            "none".to_owned()
+        } else {
+            ids.join(", ")
+        }
+    };
+    if !report.kernel.features.is_empty() {
+        let _ = writeln!(out, "kernel has: {}; lacks: {}", with(true), with(false));
+    }
+    out
+}
+
+fn case_table(case: &CaseReport) -> String {
+    let mut out = String::new();
+    match &case.map_ioctl {
+        Some(ioctl) => _ = writeln!(out, "\n{} (map: {ioctl})", case.name),
+        None => _ = writeln!(out, "\n{}", case.name),
+    }
+    let _ = write!(
+        out,
+        "  {:<13}{:>10}{:>10}{:>10}{:>8}{:>8}{:>10}{:>9}{:>8}",
+        "phase", "median ms", "min ms", "max ms", "GiB/s", "traced", "kernel ms", "faults", "samples"
+    );
+    for c in CATEGORIES {
+        let _ = write!(out, " {:>9}", c.short());
+    }
+    out.push('\n');
+    for p in &case.phases {
+        out += &phase_row(p);
+        out += &exact_row(p);
+    }
+    out
+}
+
+fn phase_row(p: &PhaseReport) -> String {
+    let mut out = String::new();
+    // Throughput of a phase that takes microseconds says nothing about memory.
+    let gib = if p.gib_per_s > 0.0 && p.wall_ns.median >= 100_000 {
+        format!("{:.2}", p.gib_per_s)
+    } else {
+        "-".into()
+    };
+    let samples = if p.sampled.lost > 0 {
+        format!("{}*", p.sampled.samples)
+    } else {
+        p.sampled.samples.to_string()
+    };
+    let _ = write!(
+        out,
+        "  {:<13}{:>10}{:>10}{:>10}{:>8}{:>8}{:>10}{:>9}{:>8}",
+        p.name.name(),
+        ms(p.wall_ns.median),
+        ms(p.wall_ns.min),
+        ms(p.wall_ns.max),
+        gib,
+        p.overhead.map_or("-".into(), |o| format!("x{o:.2}")),
+        ms(p.kernel_ns.median),
+        p.counters.faults,
+        samples
+    );
+    for c in CATEGORIES {
+        let cell = match p.sampled.samples {
+            0 => "-".to_owned(),
+            _ => format!("{:.0}%", p.sampled.categories.get(c).copied().unwrap_or(0.0) * 100.0),
+        };
+        let _ = write!(out, " {cell:>9}");
+    }
+    out.push('\n');
+    out
+}
+
+/// The same categories measured exactly, as shares of the reported iteration's wall time; the
+/// `user` column holds what no probe saw (unattributed).
+fn exact_row(p: &PhaseReport) -> String {
+    let mut out = String::new();
+    if p.exact.rows.is_empty() || p.exact.wall_ns == 0 {
+        return out;
+    }
+    let _ = write!(out, "  {:<13}{:>10}{:>63}", "  exact", ms(p.exact.wall_ns), "");
+    let wall = p.exact.wall_ns as f64;
+    for c in CATEGORIES {
+        let v = match c {
+            Category::User => p.exact.unattributed_ns as f64,
+            c => p.exact.categories.get(c).copied().unwrap_or(0) as f64,
+        };
+        let _ = write!(out, " {:>9}", format!("{:.0}%", v / wall * 100.0));
+    }
+    out.push('\n');
+    out
+}
+
+fn footer(report: &Report) -> String {
+    let mut out = String::new();
+    let lost: u64 = report
+        .cases
+        .iter()
+        .flat_map(|c| &c.phases)
+        .map(|p| p.sampled.lost + p.exact.lost_events)
+        .sum();
+    if lost > 0 {
+        let _ = writeln!(
+            out,
+            "\n* {lost} events lost (sample map full, stack collisions, or call stack overflow): \
+             the marked numbers cover only what was kept"
+        );
+    }
+    if !report.skipped.is_empty() {
+        let _ = writeln!(out, "\nskipped:");
+        for s in &report.skipped {
+            let _ = writeln!(out, "  {:<40} {}", s.name, s.reason);
+        }
+    }
+    if !report.failed.is_empty() {
+        let _ = writeln!(out, "\nFAILED:");
+        for f in &report.failed {
+            let _ = writeln!(out, "  {:<40} {}", f.name, f.error);
+        }
+    }
+    out + &probes_footer(report)
+}
+
+/// Probes off by request, and those that did not attach grouped by reason (on a kernel without
+/// kprobes every row fails the same way).
+fn probes_footer(report: &Report) -> String {
+    let mut out = String::new();
+    let mut by_reason: Vec<(&str, Vec<&str>)> = Vec::new();
+    for p in report
+        .probes
+        .iter()
+        .filter(|p| !p.attached && p.error.as_deref() != Some(NOT_REQUESTED))
+    {
+        let reason = p.error.as_deref().unwrap_or("");
+        match by_reason.iter_mut().find(|(r, _)| *r == reason) {
+            Some((_, names)) => names.push(&p.function),
+            None => by_reason.push((reason, vec![&p.function])),
+        }
+    }
+    let off: Vec<String> = Mechanism::ALL
+        .iter()
+        .filter(|m| report.config.traced && !report.config.probes.is_empty() && !report.config.probes.contains(m))
+        .map(ToString::to_string)
+        .collect();
+    if !off.is_empty() {
+        let _ = writeln!(out, "\nprobes off by request (--probes): {}", off.join(", "));
+    }
+    if !by_reason.is_empty() {
+        let _ = writeln!(out, "\nprobes not attached (the exact breakdown lacks their rows):");
+        for (reason, names) in by_reason {
+            let _ = writeln!(out, "  {} ({}): {reason}", names.join(", "), names.len());
+        }
+    }
+    out
+}
