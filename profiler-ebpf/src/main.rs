@@ -2,6 +2,8 @@
 //! thread and to a recorded phase, and aggregates in maps: nothing is sent per event.
 #![no_std]
 #![no_main]
+// aya-ebpf's program macros drop the doc comments of the functions they wrap.
+#![allow(missing_docs)]
 
 use aya_ebpf::{
     EbpfContext,

@@ -141,7 +141,7 @@ fn exact_row(row: usize, st: &RowStats, mechanism: AttachedBy) -> ExactRow {
 }
 
 /// One phase's report from its iterations, counters and samples.
-fn phase_report(phase: Phase, input: &CaseInput, cats: CategoryCounts) -> Option<PhaseReport> {
+fn phase_report(phase: Phase, input: &CaseInput, cats: &CategoryCounts) -> Option<PhaseReport> {
     let per_iter: Vec<&PhaseRun> = input
         .runs
         .iter()
@@ -232,7 +232,7 @@ pub fn case_report(input: &CaseInput) -> CaseOutput {
     let mut folded = Vec::new();
     for &phase in PHASES {
         let (cats, f) = sampled.remove(&phase).unwrap_or_default();
-        if let Some(p) = phase_report(phase, input, cats) {
+        if let Some(p) = phase_report(phase, input, &cats) {
             phases.push(p);
             folded.push((phase, f));
         }

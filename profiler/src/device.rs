@@ -110,8 +110,8 @@ struct SysfsWrite {
     source: std::io::Error,
 }
 
-fn write(path: PathBuf, value: &str) -> Result<(), SysfsWrite> {
-    fs::write(&path, value).map_err(|source| SysfsWrite {
+fn write(path: &Path, value: &str) -> Result<(), SysfsWrite> {
+    fs::write(path, value).map_err(|source| SysfsWrite {
         value: value.to_owned(),
         path: path.display().to_string(),
         source,
@@ -119,10 +119,10 @@ fn write(path: PathBuf, value: &str) -> Result<(), SysfsWrite> {
 }
 
 fn restore_binding(bdf: &str, original: Option<&str>) {
-    let _ = write(sysfs(bdf).join("driver/unbind"), bdf);
-    let _ = write(sysfs(bdf).join("driver_override"), "\n");
+    let _ = write(&sysfs(bdf).join("driver/unbind"), bdf);
+    let _ = write(&sysfs(bdf).join("driver_override"), "\n");
     if let Some(drv) = original {
-        let _ = write(Path::new("/sys/bus/pci/drivers").join(drv).join("bind"), bdf);
+        let _ = write(&Path::new("/sys/bus/pci/drivers").join(drv).join("bind"), bdf);
     }
 }
 
@@ -131,7 +131,7 @@ fn bind_vfio(bdf: &str) -> Result<(), DeviceError> {
         bdf: bdf.to_owned(),
         why,
     };
-    let step = |path: PathBuf, value: &str| write(path, value).map_err(|e| bind_err(e.to_string()));
+    let step = |path: PathBuf, value: &str| write(&path, value).map_err(|e| bind_err(e.to_string()));
     step(sysfs(bdf).join("driver_override"), "vfio-pci")?;
     if sysfs(bdf).join("driver").exists() {
         step(sysfs(bdf).join("driver/unbind"), bdf)?;
@@ -217,7 +217,7 @@ fn group_and_cdev(bdf: &str) -> Result<(String, Option<PathBuf>), DeviceError> {
     let cdev = fs::read_dir(sysfs(bdf).join("vfio-dev"))
         .ok()
         .and_then(|mut d| d.next())
-        .and_then(|e| e.ok())
+        .and_then(Result::ok)
         .map(|e| Path::new("/dev/vfio/devices").join(e.file_name()))
         .filter(|p| p.exists());
     Ok((group, cdev))

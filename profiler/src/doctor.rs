@@ -150,7 +150,7 @@ fn kprobe_hint() -> &'static str {
     if loader::kprobes_available() {
         "kprobes exist but no probe-table row attached"
     } else {
-        "kernel built without CONFIG_KPROBES; module functions (vfio, iommufd) cannot be probed here: use `cargo xtask vm`"
+        "module functions (vfio, iommufd) cannot be probed here"
     }
 }
 
@@ -176,7 +176,12 @@ fn tracepoints(status: &[ProbeStatus]) -> Capability {
 
 /// How many probe-table rows attached by `mechanism`, or why none did.
 fn rows_by(status: &[ProbeStatus], mechanism: AttachedBy, hint: &str) -> Capability {
-    let rows: Vec<&ProbeStatus> = status.iter().filter(|s| s.mechanism == mechanism).collect();
+    // Rows of this request: all probe-table rows (a row refused by fentry reports the
+    // fallback it tried last).
+    let rows: Vec<&ProbeStatus> = status
+        .iter()
+        .filter(|s| !matches!(s.mechanism, AttachedBy::RawTracepoint | AttachedBy::PerfEvent))
+        .collect();
     let attached: Vec<&str> = rows
         .iter()
         .filter(|s| s.attached)
@@ -189,9 +194,11 @@ fn rows_by(status: &[ProbeStatus], mechanism: AttachedBy, hint: &str) -> Capabil
             rows.len()
         )),
         None => {
-            let why = rows
-                .iter()
-                .find_map(|s| s.error.as_deref())
+            // A row this kernel lacks says less than one it has and refused.
+            let errors = || rows.iter().filter_map(|s| s.error.as_deref());
+            let why = errors()
+                .find(|e| !e.starts_with("not in /proc/kallsyms"))
+                .or_else(|| errors().next())
                 .unwrap_or("no row attached");
             Capability::no(format!("{why} ({hint})"))
         }

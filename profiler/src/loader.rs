@@ -227,6 +227,8 @@ pub struct Attacher<'e> {
     fentry_block: Option<String>,
     /// Why kprobes cannot be used (None: they can).
     kprobe_block: Option<String>,
+    fentry_requested: bool,
+    kprobes_requested: bool,
     next_slot: u32,
 }
 
@@ -244,6 +246,8 @@ impl<'e> Attacher<'e> {
             btf,
             fentry_block,
             kprobe_block: None,
+            fentry_requested: fentry,
+            kprobes_requested: kprobes,
             next_slot: 0,
         };
         this.kprobe_block = if !kprobes {
@@ -351,18 +355,20 @@ impl<'e> Attacher<'e> {
         match self.kprobe_pair(&plan.symbol) {
             Ok(()) => attached(AttachedBy::Kprobe),
             Err(e) => {
-                let first = match (fentry_error, &self.fentry_block) {
-                    (Some(f), _) => f,
-                    (None, _) if !plan.fentry_able => "module function or compiler clone (no fentry)".to_owned(),
-                    (None, Some(block)) => block.clone(),
-                    (None, None) => String::new(),
+                let first = match fentry_error {
+                    Some(f) => f,
+                    None if !self.fentry_requested => String::new(),
+                    None if self.btf.is_some() && !plan.fentry_able => {
+                        "module function or compiler clone (no fentry)".to_owned()
+                    }
+                    None => self.fentry_block.clone().unwrap_or_default(),
                 };
-                let why = if first.is_empty() {
-                    e.to_string()
-                } else {
-                    format!("{first}; {e}")
+                let (mechanism, why) = match (first.is_empty(), self.kprobes_requested) {
+                    (true, _) => (AttachedBy::Kprobe, e.to_string()),
+                    (false, false) => (AttachedBy::Fentry, first),
+                    (false, true) => (AttachedBy::Kprobe, format!("{first}; {e}")),
                 };
-                not_attached(function, AttachedBy::Kprobe, why)
+                not_attached(function, mechanism, why)
             }
         }
     }

@@ -87,7 +87,7 @@ fn main() -> ExitCode {
             out: dir,
             json: as_json,
         } => diff_command(&before, &after, dir, as_json),
-        Command::Run(args) => run_command(args),
+        Command::Run(args) => run_command(&args),
     };
     result.unwrap_or_else(|e| {
         let usage = match e.downcast_ref::<RunError>() {
@@ -111,16 +111,12 @@ fn diff_command(
     let dir = dir.unwrap_or_else(|| Path::new("dmaprof-out").join(format!("diff-{}", sys::timestamp())));
     let written = diff::write_flamegraphs(&d, (&a, before), (&b, after), &dir)
         .with_context(|| format!("writing differential flamegraphs into {}", dir.display()))?;
-    if as_json {
-        out(&json(&d));
-    } else {
-        out(&diff::render_diff(&d));
-        out(&format!("\n{written} differential flamegraphs in {}\n", dir.display()));
-    }
+    let text = diff::render_diff(&d) + &format!("\n{written} differential flamegraphs in {}\n", dir.display());
+    out(&if as_json { json(&d) } else { text });
     Ok(ExitCode::SUCCESS)
 }
 
-fn run_command(args: RunArgs) -> anyhow::Result<ExitCode> {
+fn run_command(args: &RunArgs) -> anyhow::Result<ExitCode> {
     bpflog::show(args.debug || bpflog::rust_log_debug());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -132,7 +128,7 @@ fn run_command(args: RunArgs) -> anyhow::Result<ExitCode> {
         StopSignals::register()
     };
     let session = Session::prepare(args.options(*STARTED.get_or_init(Instant::now)))?;
-    print_plan(&session);
+    eprint!("{}", session.plan().summary(session.out_dir()));
     let out_dir = session.out_dir().to_owned();
     let control = Control::new();
     let worker = {
@@ -146,36 +142,11 @@ fn run_command(args: RunArgs) -> anyhow::Result<ExitCode> {
     let report = worker
         .join()
         .map_err(|_| anyhow::anyhow!("the workload thread panicked"))??;
-    if args.json {
-        out(&json(&report));
-    } else {
-        out(&table::render_table(&report));
-        out(&format!("\nreport: {}\n", out_dir.join("report.json").display()));
-    }
+    let text = table::render_table(&report) + &format!("\nreport: {}\n", out_dir.join("report.json").display());
+    out(&if args.json { json(&report) } else { text });
     Ok(match control.signal() {
         0 if report.failed.is_empty() => ExitCode::SUCCESS,
         0 => ExitCode::FAILURE,
         sig => ExitCode::from(128 + sig as u8),
     })
-}
-
-/// What will run and what will not, grouped by reason.
-fn print_plan(session: &Session) {
-    let plan = session.plan();
-    eprintln!(
-        "dmaprof: {} case(s) to run, {} skipped; output in {}",
-        plan.run.len(),
-        plan.skipped.len(),
-        session.out_dir().display()
-    );
-    let mut reasons: Vec<(&str, usize)> = Vec::new();
-    for s in &plan.skipped {
-        match reasons.iter_mut().find(|(r, _)| *r == s.reason) {
-            Some((_, n)) => *n += 1,
-            None => reasons.push((&s.reason, 1)),
-        }
-    }
-    for (reason, n) in reasons {
-        eprintln!("dmaprof:   skipping {n} case(s): {reason}");
-    }
 }

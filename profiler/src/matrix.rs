@@ -264,7 +264,7 @@ mod tests {
     use super::*;
 
     fn names(patterns: &[&str]) -> Result<Vec<String>, SelectError> {
-        let p: Vec<String> = patterns.iter().map(|s| s.to_string()).collect();
+        let p: Vec<String> = patterns.iter().map(ToString::to_string).collect();
         Ok(
             select(&all_cases(), &p, &[Prefault::None, Prefault::Populate, Prefault::Touch])?
                 .iter()

@@ -49,6 +49,29 @@ pub struct Plan {
     pub skipped: Vec<Skipped>,
 }
 
+impl Plan {
+    /// What will run and what will not (skip reasons grouped), as printed before a run.
+    pub fn summary(&self, out: &std::path::Path) -> String {
+        let mut text = format!(
+            "dmaprof: {} case(s) to run, {} skipped; output in {}\n",
+            self.run.len(),
+            self.skipped.len(),
+            out.display()
+        );
+        let mut reasons: Vec<(&str, usize)> = Vec::new();
+        for s in &self.skipped {
+            match reasons.iter_mut().find(|(r, _)| *r == s.reason) {
+                Some((_, n)) => *n += 1,
+                None => reasons.push((&s.reason, 1)),
+            }
+        }
+        for (reason, n) in reasons {
+            text += &format!("dmaprof:   skipping {n} case(s): {reason}\n");
+        }
+        text
+    }
+}
+
 /// Why a plan cannot be made (a usage error: the command line must change).
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {

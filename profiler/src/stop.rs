@@ -59,17 +59,20 @@ impl Control {
 
     /// Enters `stage` (shown as progress, named when a signal lands).
     pub fn enter(&self, stage: Stage) {
-        *self.stage.lock().unwrap_or_else(|e| e.into_inner()) = Some((stage, Instant::now()));
+        *self.stage.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some((stage, Instant::now()));
     }
 
     /// Leaves the current stage (between steps).
     pub fn leave(&self) {
-        *self.stage.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *self.stage.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = None;
     }
 
     /// The current stage and since when.
     pub fn current(&self) -> Option<(Stage, Instant)> {
-        self.stage.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.stage
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// Whether the run was asked to stop.
@@ -110,14 +113,14 @@ pub fn on_exit(what: impl Into<String>, undo: impl FnOnce() + Send + 'static) ->
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     REGISTRY
         .lock()
-        .unwrap_or_else(|e| e.into_inner())
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
         .push((id, what.into(), Box::new(undo)));
     UndoToken(id)
 }
 
 impl UndoToken {
     fn take(&self) -> Option<Undo> {
-        let mut list = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
+        let mut list = REGISTRY.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let i = list.iter().position(|(id, _, _)| *id == self.0)?;
         Some(list.remove(i).2)
     }
@@ -137,14 +140,14 @@ impl UndoToken {
 
 /// What is registered now, newest last.
 pub fn pending() -> Vec<String> {
-    let list = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
+    let list = REGISTRY.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     list.iter().map(|(_, what, _)| what.clone()).collect()
 }
 
 /// Runs every registered undo, newest first (the emergency exit).
 pub fn undo_all() {
     let undos: Vec<Undo> = {
-        let mut list = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
+        let mut list = REGISTRY.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         list.drain(..).rev().map(|(_, _, u)| u).collect()
     };
     for undo in undos {

@@ -16,7 +16,7 @@ use serde_json::Value;
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+    SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn dmaprof() -> Command {
@@ -66,6 +66,11 @@ fn run_json(name: &str, args: &[&str]) -> (Value, PathBuf) {
     let on_disk: Value = serde_json::from_str(&fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
     assert_eq!(report, on_disk, "--json prints what report.json holds");
     (report, dir)
+}
+
+/// A number the report must have; a missing or non-numeric field fails the test by name.
+fn num(v: &Value, what: &str) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("{what} is not a number: {v}"))
 }
 
 fn case<'a>(report: &'a Value, name: &str) -> &'a Value {
@@ -294,7 +299,15 @@ fn report_shape_folded_and_svg_files() {
     for p in c["phases"].as_array().unwrap() {
         let w = &p["wall_ns"];
         assert_eq!(w["runs"].as_array().unwrap().len(), 2);
-        assert!(w["min"].as_u64() <= w["median"].as_u64() && w["median"].as_u64() <= w["max"].as_u64());
+        let (min, median, max) = (
+            num(&w["min"], "min"),
+            num(&w["median"], "median"),
+            num(&w["max"], "max"),
+        );
+        assert!(
+            min <= median && median <= max,
+            "wall_ns min {min} <= median {median} <= max {max}"
+        );
         assert!(p["sampled"]["samples"].is_u64() && p["sampled"]["categories"].is_object());
         assert!(p["counters"]["faults"].is_u64());
         let folded = fs::read_to_string(dir.join(p["folded"].as_str().unwrap())).unwrap();
@@ -641,6 +654,34 @@ fn lost_samples_are_counted_and_marked() {
         "the table must mark lost events: {t}"
     );
     fs::remove_dir_all(dir).unwrap();
+    // The BPF program says so itself (aya-log), once per phase, shown with --debug only.
+    let run = |debug: bool| {
+        let dir = tmpdir("lost-log");
+        let mut cmd = dmaprof();
+        cmd.args(["run", "-o"])
+            .arg(&dir)
+            .args(["-b", "64M", "-v", "none_anonymous.populate", "-n", "1"]);
+        cmd.args(["--sample-map-entries", "2"]).env_remove("RUST_LOG");
+        if debug {
+            cmd.arg("--debug");
+        }
+        let out = cmd.output().unwrap();
+        ok(&out);
+        fs::remove_dir_all(dir).unwrap();
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let shown = run(true);
+    let warnings = shown.matches("dmaprof: bpf warn: sample map full").count();
+    assert!(warnings >= 1, "--debug shows the BPF side's warning: {shown}");
+    assert!(
+        warnings <= 7,
+        "one warning per phase slot, not per lost sample: {warnings}"
+    );
+    let quiet = run(false);
+    assert!(
+        !quiet.contains("dmaprof: bpf"),
+        "without --debug nothing is shown: {quiet}"
+    );
 }
 
 #[test]
