@@ -4,8 +4,8 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(text) = std::str::from_utf8(data)
-        && let Ok(bytes) = profiler::size::parse_size(text)
+        && let Ok(size) = profiler::size::parse_size(text)
     {
-        assert!(bytes > 0 && bytes % 4096 == 0);
+        assert!(size.bytes() > 0 && size.bytes() % 4096 == 0);
     }
 });

@@ -6,7 +6,7 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(text) = std::str::from_utf8(data)
         && let Ok(report) = profiler::report::parse(text)
     {
-        let _ = profiler::report::render_table(&report);
-        let _ = profiler::report::render_diff(&profiler::report::diff(&report, &report));
+        let _ = profiler::table::render_table(&report);
+        let _ = profiler::diff::render_diff(&profiler::diff::diff(&report, &report));
     }
 });

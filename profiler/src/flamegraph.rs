@@ -3,6 +3,17 @@ use std::{collections::BTreeMap, fs, io, path::Path};
 
 use crate::category::{CATEGORIES, Category, category_of};
 
+/// A folded-stack line that does not parse.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum FoldedError {
+    /// No count after the stack.
+    #[error("line {0}: no count after the stack")]
+    NoCount(usize),
+    /// The count is not a number.
+    #[error("line {0}: bad count `{1}`")]
+    BadCount(usize, String),
+}
+
 /// The category a flamegraph frame is coloured with: the table's category for kernel functions
 /// it knows, `user` for user-space frames, `other` for the rest.
 fn frame_category(frame: &str) -> Category {
@@ -115,16 +126,14 @@ impl Folded {
     }
 
     /// Parses folded text (as written by [`Folded::to_text`] or by other tools).
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub fn parse(text: &str) -> Result<Self, FoldedError> {
         let mut f = Folded::default();
         for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-            let (stack, count) = line
-                .rsplit_once(' ')
-                .ok_or_else(|| format!("line {}: no count after the stack", i + 1))?;
+            let (stack, count) = line.rsplit_once(' ').ok_or(FoldedError::NoCount(i + 1))?;
             let count: u64 = count
                 .trim()
                 .parse()
-                .map_err(|_| format!("line {}: bad count `{count}`", i + 1))?;
+                .map_err(|_| FoldedError::BadCount(i + 1, count.to_owned()))?;
             *f.stacks.entry(stack.to_owned()).or_default() += count;
         }
         Ok(f)

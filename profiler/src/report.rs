@@ -291,8 +291,25 @@ pub enum ReadError {
         /// The file.
         path: String,
         /// What is wrong.
-        reason: String,
+        reason: ParseError,
     },
+}
+
+/// Why report.json text is not a report.
+#[derive(Debug, thiserror::Error)]
+pub enum ParseError {
+    /// Not JSON.
+    #[error("invalid JSON ({0})")]
+    Json(serde_json::Error),
+    /// Another schema.
+    #[error("schema is `{0}`, this dmaprof reads `{SCHEMA}`")]
+    OtherSchema(String),
+    /// No schema tag.
+    #[error("no \"schema\" field (expected `{SCHEMA}`)")]
+    NoSchema,
+    /// The schema tag is right but the content does not match it.
+    #[error("does not match {SCHEMA}: {0}")]
+    Shape(serde_json::Error),
 }
 
 /// Reads and validates a saved report.json.
@@ -308,14 +325,14 @@ pub fn read(path: &std::path::Path) -> Result<Report, ReadError> {
 }
 
 /// Parses report.json text, checking the schema tag first for a clear error.
-pub fn parse(text: &str) -> Result<Report, String> {
-    let value: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("invalid JSON ({e})"))?;
+pub fn parse(text: &str) -> Result<Report, ParseError> {
+    let value: serde_json::Value = serde_json::from_str(text).map_err(ParseError::Json)?;
     match value.get("schema").and_then(|s| s.as_str()) {
         Some(SCHEMA) => {}
-        Some(other) => return Err(format!("schema is `{other}`, this dmaprof reads `{SCHEMA}`")),
-        None => return Err(format!("no \"schema\" field (expected `{SCHEMA}`)")),
+        Some(other) => return Err(ParseError::OtherSchema(other.to_owned())),
+        None => return Err(ParseError::NoSchema),
     }
-    serde_json::from_value(value).map_err(|e| format!("does not match {SCHEMA}: {e}"))
+    serde_json::from_value(value).map_err(ParseError::Shape)
 }
 
 /// `iommu_mode` in JSON: the selftests' mode name, or `none`.
@@ -360,13 +377,10 @@ mod tests {
 
     #[test]
     fn schema_errors_are_clear() {
-        assert!(parse("{").unwrap_err().contains("invalid JSON"));
-        assert!(parse(r#"{"schema":"other.v9"}"#).unwrap_err().contains("other.v9"));
-        assert!(parse(r#"{"cases":[]}"#).unwrap_err().contains("no \"schema\""));
-        assert!(
-            parse(r#"{"schema":"dmaprof.report.v1"}"#)
-                .unwrap_err()
-                .contains("does not match")
-        );
+        let err = |t: &str| parse(t).unwrap_err().to_string();
+        assert!(err("{").contains("invalid JSON"));
+        assert!(err(r#"{"schema":"other.v9"}"#).contains("other.v9"));
+        assert!(err(r#"{"cases":[]}"#).contains("no \"schema\""));
+        assert!(err(r#"{"schema":"dmaprof.report.v1"}"#).contains("does not match"));
     }
 }
