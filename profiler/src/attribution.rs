@@ -11,11 +11,15 @@ use crate::{
     flamegraph::Folded,
     loader::{Drained, RawSample},
     matrix::Workload,
-    probes::{AttachedBy, PROBE_TABLE},
+    probes::{AttachedBy, PROBE_TABLE, ProbeStatus},
     report::{CaseReport, Counters, Exact, ExactRow, PhaseReport, Sampled, Stats},
     symbols::KernelSymbols,
     workload::{PHASES, Phase, PhaseRun},
 };
+
+/// Phases shorter than this (untraced) get no traced/untraced ratio: against one reference
+/// iteration their ratio is noise.
+pub const MIN_RATIO_NS: u64 = 1_000_000;
 
 /// The BPF map slot of `phase` in `iteration` (slot 0 means "not recording").
 pub fn slot(iteration: u32, phase: Phase) -> u32 {
@@ -32,6 +36,55 @@ pub fn slots(iterations: u32) -> u32 {
     1 + iterations * PHASES.len() as u32
 }
 
+/// Which measurements a run has, from what attached: a number that was not measured is
+/// reported as absent, never as zero.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Coverage {
+    /// Exact attribution: Ok when some probe-table row attached, else why not.
+    pub exact: Result<(), String>,
+    /// Syscall time and counts (raw_syscalls tracepoints).
+    pub syscalls: bool,
+    /// CPU page faults (exceptions:page_fault_user).
+    pub cpu_faults: bool,
+    /// Sampled stacks (the perf event).
+    pub samples: bool,
+}
+
+impl Coverage {
+    /// Nothing measured but wall time and getrusage, for `why`.
+    pub fn none(why: &str) -> Self {
+        Self {
+            exact: Err(why.to_owned()),
+            syscalls: false,
+            cpu_faults: false,
+            samples: false,
+        }
+    }
+
+    /// What the attach status says was measured.
+    pub fn of(status: &[ProbeStatus]) -> Self {
+        let attached = |f: &dyn Fn(&ProbeStatus) -> bool| status.iter().any(|s| s.attached && f(s));
+        let is_row = |s: &ProbeStatus| matches!(s.mechanism, AttachedBy::Fentry | AttachedBy::Kprobe);
+        let exact = if attached(&is_row) {
+            Ok(())
+        } else {
+            // Say why the rows this kernel has were refused, not that a module is missing.
+            let errors = || status.iter().filter(|s| is_row(s)).filter_map(|s| s.error.as_deref());
+            let why = errors()
+                .find(|e| !e.starts_with("not in /proc/kallsyms"))
+                .or_else(|| errors().next())
+                .unwrap_or("no probe-table row attached");
+            Err(format!("no probe-table row attached: {why}"))
+        };
+        Self {
+            exact,
+            syscalls: attached(&|s| s.function == "raw_syscalls:sys_exit"),
+            cpu_faults: attached(&|s| s.function == "exceptions:page_fault_user"),
+            samples: attached(&|s| s.mechanism == AttachedBy::PerfEvent),
+        }
+    }
+}
+
 /// What a case's attribution starts from.
 pub struct CaseInput<'a> {
     /// The case and size.
@@ -46,6 +99,8 @@ pub struct CaseInput<'a> {
     pub symbols: Option<&'a KernelSymbols>,
     /// The probe-table rows that attached and how.
     pub rows: &'a [(usize, AttachedBy)],
+    /// What was measured at all.
+    pub coverage: &'a Coverage,
 }
 
 /// A case's report and the flamegraph inputs that go with it.
@@ -86,6 +141,13 @@ fn sampled_by_phase(
 /// The exact breakdown of `phase` for its median iteration: categories + unattributed = that
 /// iteration's wall time.
 fn exact_breakdown(phase: Phase, per_iter: &[&PhaseRun], counters: &[PhaseCounters], input: &CaseInput) -> Exact {
+    if let Err(why) = &input.coverage.exact {
+        return Exact {
+            available: false,
+            unavailable: Some(why.clone()),
+            ..Exact::default()
+        };
+    }
     let mut order: Vec<usize> = (0..per_iter.len()).collect();
     order.sort_by_key(|&i| per_iter[i].wall_ns);
     let Some(&it) = order.get(order.len().saturating_sub(1) / 2) else {
@@ -116,6 +178,8 @@ fn exact_breakdown(phase: Phase, per_iter: &[&PhaseRun], counters: &[PhaseCounte
     *categories.entry(Category::Other).or_default() += c.syscall_ns.saturating_sub(attributed);
     let sum: u64 = categories.values().sum();
     Exact {
+        available: true,
+        unavailable: None,
         iteration: it as u32,
         wall_ns,
         kernel_ns: c.syscall_ns,
@@ -175,13 +239,18 @@ fn phase_report(phase: Phase, input: &CaseInput, cats: &CategoryCounts) -> Optio
         .untraced
         .and_then(|u| u.iter().find(|p| p.phase == phase))
         .map(|p| p.wall_ns);
-    let case = input.workload.case.name();
+    let (cov, case) = (input.coverage, input.workload.case.name());
+    let file = |ext: &str| cov.samples.then(|| format!("{case}/{}.{ext}", phase.name()));
     Some(PhaseReport {
         name: phase,
-        overhead: untraced_ns.filter(|u| *u > 0).map(|u| wall.median as f64 / u as f64),
+        overhead: untraced_ns
+            .filter(|u| *u >= MIN_RATIO_NS)
+            .map(|u| wall.median as f64 / u as f64),
         untraced_ns,
         exact: exact_breakdown(phase, &per_iter, &counters, input),
-        kernel_ns: Stats::of(counters.iter().map(|c| c.syscall_ns).collect()),
+        kernel_ns: cov
+            .syscalls
+            .then(|| Stats::of(counters.iter().map(|c| c.syscall_ns).collect())),
         wall_ns: wall,
         gib_per_s,
         sampled: Sampled {
@@ -190,14 +259,14 @@ fn phase_report(phase: Phase, input: &CaseInput, cats: &CategoryCounts) -> Optio
             categories: cats.shares(),
         },
         counters: Counters {
-            faults: med(|c| c.user_faults),
+            cpu_faults: cov.cpu_faults.then(|| med(|c| c.user_faults)),
             minor_faults: Stats::of(per_iter.iter().map(|p| p.minor_faults).collect()).median,
             major_faults: Stats::of(per_iter.iter().map(|p| p.major_faults).collect()).median,
-            syscalls: med(|c| c.syscalls),
+            syscalls: cov.syscalls.then(|| med(|c| c.syscalls)),
             unbalanced: counters.iter().map(|c| c.unbalanced).sum(),
         },
-        folded: format!("{case}/{}.folded", phase.name()),
-        flamegraph: format!("{case}/{}.svg", phase.name()),
+        folded: file("folded"),
+        flamegraph: file("svg"),
     })
 }
 
@@ -243,7 +312,7 @@ pub fn case_report(input: &CaseInput) -> CaseOutput {
         summary: summary_folded(&phases),
         folded,
         report: CaseReport {
-            summary_flamegraph: Some(format!("{name}/summary.svg")),
+            summary_flamegraph: input.coverage.exact.is_ok().then(|| format!("{name}/summary.svg")),
             name,
             iommu_mode: w.case.mode,
             backing: w.case.backing,
@@ -336,21 +405,30 @@ mod tests {
             (row("pin_user_pages_remote"), AttachedBy::Fentry),
             (row("iommu_map"), AttachedBy::Kprobe),
         ];
-        let out = case_report(&CaseInput {
+        let coverage = Coverage {
+            exact: Ok(()),
+            syscalls: true,
+            cpu_faults: false,
+            samples: true,
+        };
+        let input = CaseInput {
             workload: &w,
             runs: &runs,
-            untraced: Some(&[run(Phase::Map, 800)]),
+            untraced: Some(&[run(Phase::Map, 800_000), run(Phase::Mmap, 999_999)]),
             drained: &drained,
             symbols: Some(&symbols),
             rows: &rows,
-        });
+            coverage: &coverage,
+        };
+        let out = case_report(&input);
         let p = out.report.phases.iter().find(|p| p.name == Phase::Map).unwrap();
         let e = &p.exact;
         assert_eq!(e.categories[&Category::Pinning], 500);
         assert_eq!(e.categories[&Category::IommuMap], 300);
-        assert_eq!(e.categories[&Category::Other], 100);
+        assert_eq!(e.categories[&Category::Other], 999_100);
         assert_eq!(e.unattributed_ns, 100);
-        assert_eq!(e.categories.values().sum::<u64>() as i64 + e.unattributed_ns, 1_000);
+        assert_eq!(e.categories.values().sum::<u64>() as i64 + e.unattributed_ns, 1_000_000);
+        assert!(e.available);
         let mech = |f: &str| e.rows.iter().find(|r| r.function == f).unwrap().mechanism;
         assert_eq!(mech("pin_user_pages_remote"), AttachedBy::Fentry);
         assert_eq!(mech("iommu_map"), AttachedBy::Kprobe);
@@ -358,6 +436,11 @@ mod tests {
         assert!((p.sampled.categories[&Category::Pinning] - 2.0 / 3.0).abs() < 1e-9);
         assert!((p.sampled.categories[&Category::User] - 1.0 / 3.0).abs() < 1e-9);
         assert_eq!(p.overhead, Some(1.25));
+        // Not measured is absent, not zero; a phase under 1 ms untraced gets no ratio.
+        assert_eq!(p.counters.cpu_faults, None);
+        assert!(p.kernel_ns.is_some());
+        let mmap = out.report.phases.iter().find(|p| p.name == Phase::Mmap).unwrap();
+        assert_eq!(mmap.overhead, None);
         assert_eq!(out.report.map_ioctl.as_deref(), Some("VFIO_IOMMU_MAP_DMA"));
         let (_, f) = out.folded.iter().find(|(ph, _)| *ph == Phase::Map).unwrap();
         assert_eq!(f.stacks["map;vfio_pin_pages_remote;pin_user_pages_remote"], 2);
@@ -365,6 +448,46 @@ mod tests {
         assert_eq!(out.summary.stacks["map;cat:pinning;pin_user_pages_remote"], 500);
         assert_eq!(out.summary.stacks["map;[unattributed]"], 100);
         assert!(out.report.phases.iter().all(|p| p.name != Phase::Touch));
+        // Without probes nothing but wall time is claimed.
+        let none = Coverage::none("--no-trace");
+        let out = case_report(&CaseInput {
+            coverage: &none,
+            ..input
+        });
+        let p = out.report.phases.iter().find(|p| p.name == Phase::Map).unwrap();
+        assert!(!p.exact.available && p.exact.categories.is_empty() && p.exact.rows.is_empty());
+        assert_eq!(p.exact.unavailable.as_deref(), Some("--no-trace"));
+        assert!(p.folded.is_none() && p.flamegraph.is_none() && p.kernel_ns.is_none());
+        assert!(out.report.summary_flamegraph.is_none());
+    }
+
+    #[test]
+    fn coverage_follows_what_attached() {
+        let st = |f: &str, m: AttachedBy, attached: bool, error: Option<&str>| ProbeStatus {
+            function: f.into(),
+            mechanism: m,
+            attached,
+            error: error.map(Into::into),
+        };
+        let status = vec![
+            st(
+                "vfio_pin_pages_remote",
+                AttachedBy::Kprobe,
+                false,
+                Some("not in /proc/kallsyms: x"),
+            ),
+            st(
+                "handle_mm_fault",
+                AttachedBy::Kprobe,
+                false,
+                Some("kernel has no kprobes"),
+            ),
+            st("raw_syscalls:sys_exit", AttachedBy::RawTracepoint, true, None),
+            st("cpu-clock@99Hz", AttachedBy::PerfEvent, true, None),
+        ];
+        let c = Coverage::of(&status);
+        assert!(c.exact.unwrap_err().contains("kernel has no kprobes"));
+        assert!(c.syscalls && c.samples && !c.cpu_faults);
     }
 
     #[test]

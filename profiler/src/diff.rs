@@ -154,7 +154,7 @@ fn folded_of(r: &Report, base: &Path, case: &str, phase: Phase) -> Option<Folded
         .phases
         .iter()
         .find(|x| x.name == phase)?;
-    Folded::parse(&std::fs::read_to_string(base.join(&p.folded)).ok()?).ok()
+    Folded::parse(&std::fs::read_to_string(base.join(p.folded.as_ref()?)).ok()?).ok()
 }
 
 /// Writes a differential flamegraph per phase both runs have folded stacks for (a run whose

@@ -61,12 +61,20 @@ impl Drop for OutDir {
 pub fn write_case(dir: &Path, case: &CaseOutput) -> Result<(), OutputError> {
     let name = &case.report.name;
     let case_dir = dir.join(name);
+    let any_sampled = case.report.phases.iter().any(|p| p.folded.is_some());
+    if !any_sampled && case.report.summary_flamegraph.is_none() {
+        return Ok(());
+    }
     fs::create_dir_all(&case_dir).map_err(at(&case_dir))?;
-    for (phase, folded) in &case.folded {
+    let sampled = |p: &crate::workload::Phase| case.report.phases.iter().any(|r| r.name == *p && r.folded.is_some());
+    for (phase, folded) in case.folded.iter().filter(|(p, _)| sampled(p)) {
         let stem = phase.name();
         folded
             .write(&case_dir, stem, &format!("{name}: {stem}"))
             .map_err(at(&case_dir.join(stem)))?;
+    }
+    if case.report.summary_flamegraph.is_none() {
+        return Ok(());
     }
     case.summary
         .write_counted(

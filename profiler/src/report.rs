@@ -163,17 +163,19 @@ pub struct Sampled {
 /// Counters of a phase: medians over iterations (lost events: the total).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Counters {
-    /// CPU page faults from the exceptions:page_fault_user tracepoint.
-    pub faults: u64,
+    /// CPU page faults from the exceptions:page_fault_user tracepoint (None: it was not
+    /// attached). GUP-driven faults (inside a pin or MAP_POPULATE) do not fire it.
+    #[serde(alias = "faults")]
+    pub cpu_faults: Option<u64>,
     /// Minor faults from getrusage (also counts GUP-driven faults).
     #[serde(default)]
     pub minor_faults: u64,
     /// Major faults from getrusage.
     #[serde(default)]
     pub major_faults: u64,
-    /// Syscalls completed (raw_syscalls tracepoints).
+    /// Syscalls completed (raw_syscalls tracepoints; None: not attached).
     #[serde(default)]
-    pub syscalls: u64,
+    pub syscalls: Option<u64>,
     /// Syscall exits without a matching entry (lost events).
     #[serde(default)]
     pub unbalanced: u64,
@@ -188,7 +190,7 @@ pub struct PhaseReport {
     pub wall_ns: Stats,
     /// Time inside syscalls per iteration, measured in the kernel (raw_syscalls enter/exit).
     #[serde(default)]
-    pub kernel_ns: Stats,
+    pub kernel_ns: Option<Stats>,
     /// Throughput at the median wall time.
     #[serde(default)]
     pub gib_per_s: f64,
@@ -200,21 +202,32 @@ pub struct PhaseReport {
     /// Wall time of one untraced iteration (no probe loaded), when one ran.
     #[serde(default)]
     pub untraced_ns: Option<u64>,
-    /// Traced median / untraced: what observing cost this phase.
+    /// Traced median / untraced: what observing cost this phase (only for phases of at least
+    /// 1 ms untraced: shorter ones are noise against a single reference iteration).
     #[serde(default)]
     pub overhead: Option<f64>,
     /// Counters.
     pub counters: Counters,
-    /// Folded-stack file, relative to the report's directory.
-    pub folded: String,
-    /// SVG flamegraph, relative to the report's directory.
-    pub flamegraph: String,
+    /// Folded-stack file, relative to the report's directory (None: no stacks were sampled,
+    /// e.g. `--no-trace` or no sampler).
+    #[serde(default)]
+    pub folded: Option<String>,
+    /// SVG flamegraph, relative to the report's directory (None likewise).
+    #[serde(default)]
+    pub flamegraph: Option<String>,
 }
 
 /// The exact (entry/exit) breakdown of a phase, for its median iteration: the categories plus
-/// `unattributed_ns` add up to that iteration's `wall_ns`.
+/// `unattributed_ns` add up to that iteration's `wall_ns`. When no probe-table row attached,
+/// `available` is false, `unavailable` says why, and the numbers are empty rather than zero.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Exact {
+    /// Whether exact attribution ran (some probe-table row attached).
+    #[serde(default = "yes")]
+    pub available: bool,
+    /// Why not, when it did not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unavailable: Option<String>,
     /// Which iteration (0-based): the one with the median wall time.
     pub iteration: u32,
     /// Its wall time.

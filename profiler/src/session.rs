@@ -4,7 +4,7 @@
 use std::{collections::BTreeMap, path::Path, time::Instant};
 
 use crate::{
-    attribution::{self, CaseInput},
+    attribution::{self, CaseInput, Coverage},
     device::{Device, DeviceError},
     dma::DmaContext,
     doctor::{self, Doctor},
@@ -139,13 +139,25 @@ impl Session {
         report.timing.attach_ns = started.elapsed().as_nanos() as u64;
         report.timing.start_to_attached_ns = self.opts.started.elapsed().as_nanos() as u64;
         report.probes = probes.as_ref().map(|p| p.status.clone()).unwrap_or_default();
+        let coverage = match &probes {
+            Some(p) => Coverage::of(&p.status),
+            None => Coverage::none("--no-trace: no probe was loaded"),
+        };
+        if let Err(why) = &coverage.exact {
+            eprintln!("dmaprof: exact attribution unavailable: {why}");
+        }
+        let mut tracing = Tracing {
+            probes: probes.as_mut(),
+            symbols: symbols.as_ref(),
+            coverage: &coverage,
+        };
         for case in &self.plan.run {
             if control.cancelled() {
                 report.partial = true;
                 break;
             }
             let reference = untraced.get(&case.name()).map(Vec::as_slice);
-            let stop = self.measure_case(case, &mut report, probes.as_mut(), reference, symbols.as_ref(), control)?;
+            let stop = self.measure_case(case, &mut report, &mut tracing, reference, control)?;
             if stop {
                 report.partial = true;
                 break;
@@ -228,11 +240,11 @@ impl Session {
         &self,
         case: &Case,
         report: &mut Report,
-        mut probes: Option<&mut Probes>,
+        tracing: &mut Tracing,
         reference: Option<&[PhaseRun]>,
-        symbols: Option<&KernelSymbols>,
         control: &Control,
     ) -> Result<bool, RunError> {
+        let mut probes = tracing.probes.as_deref_mut();
         let name = case.name();
         let CaseRuns { runs, failure } = match self.run_case(case, self.opts.iterations, probes.as_deref_mut(), control)
         {
@@ -264,8 +276,9 @@ impl Session {
                 runs: &runs,
                 untraced: reference,
                 drained: &drained,
-                symbols,
+                symbols: tracing.symbols,
                 rows: &rows,
+                coverage: tracing.coverage,
             });
             output::write_case(&self.out.path, &out)?;
             report.cases.push(out.report);
@@ -340,6 +353,13 @@ impl Session {
             .map(Some)
             .map_err(|e| CaseError::Fail(e.to_string()))
     }
+}
+
+/// The probes of a traced run and what they measure.
+struct Tracing<'a> {
+    probes: Option<&'a mut Probes>,
+    symbols: Option<&'a KernelSymbols>,
+    coverage: &'a Coverage,
 }
 
 /// Routes each phase of each iteration to its own slot in the BPF maps.

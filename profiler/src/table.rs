@@ -3,7 +3,7 @@ use std::fmt::Write as _;
 
 use crate::{
     category::{CATEGORIES, Category},
-    probes::{Mechanism, NOT_REQUESTED},
+    probes::{AttachedBy, Mechanism, NOT_REQUESTED},
     report::{CaseReport, PhaseReport, Report},
     size::HumanSize,
 };
@@ -33,20 +33,39 @@ pub fn render_table(report: &Report) -> String {
 
 fn header(report: &Report) -> String {
     let mut out = String::new();
+    let c = &report.config;
+    let sampled = report
+        .probes
+        .iter()
+        .any(|p| p.mechanism == AttachedBy::PerfEvent && p.attached);
+    let how = match (c.traced, sampled) {
+        (false, _) => "untraced (--no-trace): wall times only, no breakdown, no flamegraphs".to_owned(),
+        (true, true) => format!("sampling at {} Hz", c.freq_hz),
+        (true, false) => "no stack sampling".to_owned(),
+    };
+    let partial = if report.partial {
+        " -- PARTIAL (interrupted)"
+    } else {
+        ""
+    };
     let _ = writeln!(
         out,
-        "dmaprof on Linux {} ({}), {} per case, {} iterations, sampling at {} Hz{}",
+        "dmaprof on Linux {} ({}), {} per case, {} iterations, {how}{partial}",
         report.kernel.release,
         report.kernel.machine,
-        HumanSize(report.config.size_bytes),
-        report.config.iterations,
-        report.config.freq_hz,
-        if report.partial {
-            " -- PARTIAL (interrupted)"
-        } else {
-            ""
-        }
+        HumanSize(c.size_bytes),
+        c.iterations,
     );
+    let unavailable = report
+        .cases
+        .iter()
+        .flat_map(|c| &c.phases)
+        .find_map(|p| p.exact.unavailable.as_deref());
+    if c.traced
+        && let Some(why) = unavailable
+    {
+        let _ = writeln!(out, "exact attribution unavailable: {why}");
+    }
     let with = |p: bool| {
         let ids: Vec<&str> = report
             .kernel
@@ -75,8 +94,8 @@ fn case_table(case: &CaseReport) -> String {
     }
     let _ = write!(
         out,
-        "  {:<13}{:>10}{:>10}{:>10}{:>8}{:>8}{:>10}{:>9}{:>8}",
-        "phase", "median ms", "min ms", "max ms", "GiB/s", "traced", "kernel ms", "faults", "samples"
+        "  {:<13}{:>10}{:>10}{:>10}{:>8}{:>8}{:>11}{:>15}{:>8}",
+        "phase", "median ms", "min ms", "max ms", "GiB/s", "traced", "syscall ms", "faults cpu/min", "samples"
     );
     for c in CATEGORIES {
         let _ = write!(out, " {:>9}", c.short());
@@ -104,15 +123,15 @@ fn phase_row(p: &PhaseReport) -> String {
     };
     let _ = write!(
         out,
-        "  {:<13}{:>10}{:>10}{:>10}{:>8}{:>8}{:>10}{:>9}{:>8}",
+        "  {:<13}{:>10}{:>10}{:>10}{:>8}{:>8}{:>11}{:>15}{:>8}",
         p.name.name(),
         ms(p.wall_ns.median),
         ms(p.wall_ns.min),
         ms(p.wall_ns.max),
         gib,
         p.overhead.map_or("-".into(), |o| format!("x{o:.2}")),
-        ms(p.kernel_ns.median),
-        p.counters.faults,
+        p.kernel_ns.as_ref().map_or("-".into(), |k| ms(k.median)),
+        faults(p),
         samples
     );
     for c in CATEGORIES {
@@ -126,14 +145,21 @@ fn phase_row(p: &PhaseReport) -> String {
     out
 }
 
+/// CPU faults (tracepoint) / minor faults (getrusage, GUP-driven ones included); `-` for what
+/// was not measured.
+fn faults(p: &PhaseReport) -> String {
+    let cpu = p.counters.cpu_faults.map_or("-".into(), |n| n.to_string());
+    format!("{cpu}/{}", p.counters.minor_faults)
+}
+
 /// The same categories measured exactly, as shares of the reported iteration's wall time; the
 /// `user` column holds what no probe saw (unattributed).
 fn exact_row(p: &PhaseReport) -> String {
     let mut out = String::new();
-    if p.exact.rows.is_empty() || p.exact.wall_ns == 0 {
+    if !p.exact.available || p.exact.wall_ns == 0 {
         return out;
     }
-    let _ = write!(out, "  {:<13}{:>10}{:>63}", "  exact", ms(p.exact.wall_ns), "");
+    let _ = write!(out, "  {:<13}{:>10}{:>70}", "  exact", ms(p.exact.wall_ns), "");
     let wall = p.exact.wall_ns as f64;
     for c in CATEGORIES {
         let v = match c {

@@ -206,7 +206,19 @@ fn touch_faults_are_counted_and_none_has_none() {
         ],
     );
     let touch = phase(case(&r, "none_anonymous.touch"), "touch");
-    let faults = touch["counters"]["faults"].as_u64().unwrap();
+    // This host has no kprobes and refuses fentry: exact attribution says so instead of
+    // reporting everything as `other`.
+    let exact = &touch["exact"];
+    assert_eq!(exact["available"], false, "no probe-table row attached here: {exact}");
+    assert!(exact["unavailable"].as_str().is_some_and(|w| !w.is_empty()), "{exact}");
+    assert!(
+        exact["categories"].as_object().is_none_or(serde_json::Map::is_empty),
+        "{exact}"
+    );
+    let table = dmaprof().arg("report").arg(dir.join("report.json")).output().unwrap();
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(text.contains("exact attribution unavailable: "), "{text}");
+    let faults = touch["counters"]["cpu_faults"].as_u64().unwrap();
     assert!(
         (262_144 * 99 / 100..=262_144 * 101 / 100).contains(&faults),
         "1 GiB of 4 KiB pages: ~262144 faults, got {faults}"
@@ -214,7 +226,7 @@ fn touch_faults_are_counted_and_none_has_none() {
     let none = case(&r, "none_anonymous.none");
     for p in none["phases"].as_array().unwrap() {
         assert_eq!(
-            p["counters"]["faults"], 0,
+            p["counters"]["cpu_faults"], 0,
             "prefault none faults nothing in {}",
             p["name"]
         );
@@ -253,8 +265,11 @@ fn hugetlb_2mb_cases_run_and_restore_the_pool() {
     for name in ["none_anonymous_hugetlb_2mb", "none_memfd_hugetlb_2mb"] {
         let c = case(&r, &format!("{name}.touch"));
         assert_eq!(c["page_size"], 2 << 20);
-        let faults = phase(c, "touch")["counters"]["faults"].as_u64().unwrap();
+        let faults = phase(c, "touch")["counters"]["cpu_faults"].as_u64().unwrap();
         assert_eq!(faults, 32, "64 MiB of 2 MiB pages: one fault per page");
+        // A populated mmap takes its faults through GUP: no CPU fault, but rusage sees them.
+        let mmap = phase(case(&r, &format!("{name}.populate")), "mmap");
+        assert_eq!(mmap["counters"]["cpu_faults"], 0, "{}", mmap["counters"]);
         let p = phase(case(&r, &format!("{name}.populate")), "mmap");
         assert!(p["wall_ns"]["median"].as_u64().unwrap() > 0);
     }
@@ -266,6 +281,45 @@ fn hugetlb_2mb_cases_run_and_restore_the_pool() {
         .map(|p| p["name"].as_str().unwrap())
         .collect();
     assert_eq!(names, ["memfd_create", "mmap", "munmap", "close"]);
+    fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn no_trace_claims_nothing_it_did_not_measure() {
+    let _serial = serial();
+    if !can_run("no_trace_claims_nothing_it_did_not_measure") {
+        return;
+    }
+    let dir = tmpdir("notrace");
+    let out = dmaprof()
+        .args(["run", "-o"])
+        .arg(&dir)
+        .args(["-b", "16M", "-v", "none_anonymous.populate", "-n", "2", "--no-trace"])
+        .output()
+        .unwrap();
+    ok(&out);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("untraced (--no-trace)") && !text.contains("sampling at"),
+        "{text}"
+    );
+    let r: Value = serde_json::from_str(&fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
+    let c = case(&r, "none_anonymous.populate");
+    assert!(c["summary_flamegraph"].is_null());
+    for p in c["phases"].as_array().unwrap() {
+        assert!(p["folded"].is_null() && p["flamegraph"].is_null(), "{}", p["name"]);
+        assert!(
+            p["kernel_ns"].is_null() && p["counters"]["cpu_faults"].is_null(),
+            "{}",
+            p["name"]
+        );
+        assert_eq!(p["exact"]["available"], false);
+    }
+    let files: Vec<_> = fs::read_dir(&dir).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert_eq!(files, ["report.json"], "--no-trace writes the report and no flamegraph");
+    // The table shows `-` for what was not measured, not 0.
+    let row = text.lines().find(|l| l.trim_start().starts_with("mmap")).unwrap();
+    assert!(row.contains(" -/") && row.contains(" - "), "{row}");
     fs::remove_dir_all(dir).unwrap();
 }
 
@@ -309,7 +363,7 @@ fn report_shape_folded_and_svg_files() {
             "wall_ns min {min} <= median {median} <= max {max}"
         );
         assert!(p["sampled"]["samples"].is_u64() && p["sampled"]["categories"].is_object());
-        assert!(p["counters"]["faults"].is_u64());
+        assert!(p["counters"]["cpu_faults"].is_u64());
         let folded = fs::read_to_string(dir.join(p["folded"].as_str().unwrap())).unwrap();
         let parsed = Folded::parse(&folded).expect("folded lines parse");
         assert_eq!(
