@@ -375,7 +375,7 @@ mod tests {
             counters: vec![(
                 map,
                 PhaseCounters {
-                    syscall_ns: 900,
+                    syscall_ns: 999_900,
                     samples: 3,
                     ..Default::default()
                 },
