@@ -367,7 +367,7 @@ mod tests {
         };
         let runs = vec![vec![
             run(Phase::Mmap, 100),
-            run(Phase::Map, 1_000),
+            run(Phase::Map, 1_000_000),
             run(Phase::Unmap, 50),
         ]];
         let map = slot(0, Phase::Map);
