@@ -12,6 +12,7 @@ use crate::{
     category::{CATEGORIES, Category},
     flamegraph::{self, Folded},
     report::{PhaseReport, Report},
+    size::HumanSize,
     table::ms,
     workload::Phase,
 };
@@ -31,6 +32,15 @@ pub struct PhaseDiff {
     pub delta_ns: i64,
     /// Relative change in percent (0 when before is 0).
     pub delta_pct: f64,
+    /// after / before (None when before is 0).
+    #[serde(default)]
+    pub ratio: Option<f64>,
+    /// Whether the change is outside both runs' spread (see [`significance`]).
+    #[serde(default)]
+    pub significant: bool,
+    /// Why it is not, when it is not.
+    #[serde(default)]
+    pub noise: Option<String>,
     /// Exact ns per category: (before, after, delta).
     pub exact: BTreeMap<Category, (u64, u64, i64)>,
     /// Sampled share per category, change in percentage points.
@@ -48,6 +58,31 @@ pub struct RunDiff {
     pub only_before: Vec<String>,
     /// Cases only in the second run.
     pub only_after: Vec<String>,
+    /// How the two runs differ in set-up (size, kernel, probes, iterations): a reader must
+    /// know before reading the deltas.
+    #[serde(default)]
+    pub warnings: Vec<String>,
+}
+
+/// Changes smaller than this are never significant, whatever the spread: timer and scheduling
+/// noise on a phase of microseconds is not a kernel change.
+pub const MIN_CHANGE_NS: u64 = 20_000;
+
+/// Whether a phase changed: every iteration of one run is slower than every iteration of the
+/// other (the ranges do not overlap), by at least [`MIN_CHANGE_NS`]. With fewer than two
+/// iterations in either run nothing can be said. Returns the reason when it is noise.
+pub fn significance(before: &crate::report::Stats, after: &crate::report::Stats) -> Result<(), String> {
+    if before.runs.len() < 2 || after.runs.len() < 2 {
+        return Err("fewer than 2 iterations: no spread to compare (-n 3 or more)".into());
+    }
+    if before.median.abs_diff(after.median) < MIN_CHANGE_NS {
+        return Err(format!("change under {} us", MIN_CHANGE_NS / 1000));
+    }
+    if after.min > before.max || after.max < before.min {
+        Ok(())
+    } else {
+        Err("the two runs' ranges overlap".into())
+    }
 }
 
 fn phase_diff(case: &str, pa: &PhaseReport, pb: &PhaseReport) -> PhaseDiff {
@@ -70,6 +105,7 @@ fn phase_diff(case: &str, pa: &PhaseReport, pb: &PhaseReport) -> PhaseDiff {
             (*c, (y - x) * 100.0)
         })
         .collect();
+    let noise = significance(&pa.wall_ns, &pb.wall_ns).err();
     PhaseDiff {
         case: case.to_owned(),
         phase: pa.name,
@@ -77,6 +113,9 @@ fn phase_diff(case: &str, pa: &PhaseReport, pb: &PhaseReport) -> PhaseDiff {
         after_ns: a,
         delta_ns: delta,
         delta_pct: if b == 0 { 0.0 } else { delta as f64 / b as f64 * 100.0 },
+        ratio: (b > 0).then(|| a as f64 / b as f64),
+        significant: noise.is_none(),
+        noise,
         exact,
         sampled_pp,
     }
@@ -98,6 +137,7 @@ pub fn diff(before: &Report, after: &Report) -> RunDiff {
     let names = |r: &Report| r.cases.iter().map(|c| c.name.clone()).collect::<Vec<_>>();
     let (nb, na) = (names(before), names(after));
     RunDiff {
+        warnings: setup_differences(before, after),
         kernels: (before.kernel.release.clone(), after.kernel.release.clone()),
         only_before: nb.iter().filter(|n| !na.contains(n)).cloned().collect(),
         only_after: na.iter().filter(|n| !nb.contains(n)).cloned().collect(),
@@ -105,37 +145,97 @@ pub fn diff(before: &Report, after: &Report) -> RunDiff {
     }
 }
 
+/// How two runs' set-ups differ.
+fn setup_differences(a: &Report, b: &Report) -> Vec<String> {
+    let (ca, cb) = (&a.config, &b.config);
+    let mut w = Vec::new();
+    if ca.size_bytes != cb.size_bytes {
+        let (x, y) = (HumanSize(ca.size_bytes), HumanSize(cb.size_bytes));
+        w.push(format!(
+            "sizes differ ({x} -> {y}): times scale with size, compare GiB/s"
+        ));
+    }
+    if a.kernel.release != b.kernel.release {
+        w.push(format!("kernels differ ({} -> {})", a.kernel.release, b.kernel.release));
+    }
+    if ca.probes != cb.probes || ca.traced != cb.traced {
+        w.push("probes differ (--probes / --no-trace): tracing cost differs between the runs".into());
+    }
+    if ca.iterations != cb.iterations {
+        w.push(format!(
+            "iteration counts differ ({} -> {})",
+            ca.iterations, cb.iterations
+        ));
+    }
+    w
+}
+
+/// The category changes of a phase: exact ms deltas, or sampled shifts (percentage points) when
+/// either run has no exact data.
+fn category_changes(p: &PhaseDiff) -> String {
+    let exact: Vec<String> = p
+        .exact
+        .iter()
+        .filter(|(_, (_, _, d))| *d != 0)
+        .map(|(k, (_, _, d))| format!("{k} {:+.3}", *d as f64 / 1e6))
+        .collect();
+    if !exact.is_empty() {
+        return exact.join(", ");
+    }
+    let sampled: Vec<String> = p
+        .sampled_pp
+        .iter()
+        .filter(|(_, pp)| pp.abs() >= 5.0)
+        .map(|(k, pp)| format!("{k} {pp:+.0}pp"))
+        .collect();
+    if sampled.is_empty() {
+        String::new()
+    } else {
+        format!("sampled: {}", sampled.join(", "))
+    }
+}
+
 /// The diff as a table.
 pub fn render_diff(d: &RunDiff) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "before: Linux {}   after: Linux {}", d.kernels.0, d.kernels.1);
+    for w in &d.warnings {
+        let _ = writeln!(out, "warning: {w}");
+    }
     let mut case = "";
     for p in &d.phases {
         if p.case != case {
             case = &p.case;
             let _ = writeln!(
                 out,
-                "\n{case}\n  {:<13}{:>12}{:>12}{:>12}{:>9}  exact category deltas (ms)",
-                "phase", "before ms", "after ms", "delta ms", "delta"
+                "\n{case}\n  {:<13}{:>12}{:>12}{:>12}{:>9}{:>10}  category changes (exact ms, or sampled pp)",
+                "phase", "before ms", "after ms", "delta ms", "delta", "after/bef"
             );
         }
-        let cats: Vec<String> = p
-            .exact
-            .iter()
-            .filter(|(_, (_, _, d))| *d != 0)
-            .map(|(k, (_, _, d))| format!("{k} {:+.3}", *d as f64 / 1e6))
-            .collect();
+        // A change inside the runs' spread is shown as `~`, never as a percentage.
+        let (pct, ratio) = match (p.significant, p.ratio) {
+            (true, Some(r)) => (format!("{:+.1}%", p.delta_pct), format!("x{r:.2}")),
+            _ => ("~".to_owned(), "~".to_owned()),
+        };
         let _ = writeln!(
             out,
-            "  {:<13}{:>12}{:>12}{:>12}{:>8.1}%  {}",
+            "  {:<13}{:>12}{:>12}{:>12}{:>9}{:>10}  {}",
             p.phase.name(),
             ms(p.before_ns),
             ms(p.after_ns),
             format!("{:+.3}", p.delta_ns as f64 / 1e6),
-            p.delta_pct,
-            cats.join(", ")
+            pct,
+            ratio,
+            category_changes(p)
         );
     }
+    let changed = d.phases.iter().filter(|p| p.significant).count();
+    let _ = writeln!(
+        out,
+        "\n{changed} of {} phases changed beyond both runs' spread (`~`: within it, or under {} us)",
+        d.phases.len(),
+        MIN_CHANGE_NS / 1000
+    );
     for n in &d.only_before {
         let _ = writeln!(out, "only in the first run: {n}");
     }
@@ -182,4 +282,31 @@ pub fn write_flamegraphs(
         written += 1;
     }
     Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::Stats;
+
+    #[test]
+    fn only_changes_outside_both_spreads_count() {
+        let st = |v: &[u64]| Stats::of(v.to_vec());
+        assert!(significance(&st(&[100_000, 110_000, 105_000]), &st(&[200_000, 210_000, 190_000])).is_ok());
+        assert!(
+            significance(&st(&[100_000, 150_000]), &st(&[140_000, 160_000]))
+                .unwrap_err()
+                .contains("overlap")
+        );
+        assert!(
+            significance(&st(&[1_000, 1_100]), &st(&[2_000, 2_100]))
+                .unwrap_err()
+                .contains("under")
+        );
+        assert!(
+            significance(&st(&[100_000]), &st(&[900_000]))
+                .unwrap_err()
+                .contains("iterations")
+        );
+    }
 }

@@ -460,8 +460,8 @@ fn report_rerenders_and_diff_compares() {
     if !can_run("report_rerenders_and_diff_compares") {
         return;
     }
-    let (small, dir_a) = run_json("diff-a", &["-b", "64M", "-v", "none_anonymous.populate", "-n", "1"]);
-    let (_, dir_b) = run_json("diff-b", &["-b", "512M", "-v", "none_anonymous.populate", "-n", "1"]);
+    let (small, dir_a) = run_json("diff-a", &["-b", "64M", "-v", "none_anonymous.populate", "-n", "3"]);
+    let (_, dir_b) = run_json("diff-b", &["-b", "512M", "-v", "none_anonymous.populate", "-n", "3"]);
     let a = dir_a.join("report.json");
     let b = dir_b.join("report.json");
     // `report` re-renders exactly what was saved.
@@ -485,8 +485,10 @@ fn report_rerenders_and_diff_compares() {
     let d: Value = serde_json::from_slice(&same.stdout).unwrap();
     for p in d["phases"].as_array().unwrap() {
         assert_eq!(p["delta_ns"], 0, "{p}");
+        assert_eq!(p["significant"], false, "a run against itself changes nothing: {p}");
         assert!(p["exact"].as_object().unwrap().values().all(|v| v[2] == 0));
     }
+    assert_eq!(d["warnings"].as_array().map(Vec::len), Some(0), "{}", d["warnings"]);
     // 8x the size: MAP_POPULATE takes longer, and the differential flamegraph exists.
     let grow = dmaprof()
         .arg("diff")
@@ -508,6 +510,28 @@ fn report_rerenders_and_diff_compares() {
     assert!(
         mmap["delta_ns"].as_i64().unwrap() > 0,
         "bigger populate should be slower: {mmap}"
+    );
+    // 8x the pages: a significant change of several times, and a warning that sizes differ.
+    let ratio = mmap["ratio"].as_f64().unwrap();
+    assert!(mmap["significant"] == true && (4.0..16.0).contains(&ratio), "{mmap}");
+    assert!(
+        d["warnings"][0].as_str().unwrap().contains("sizes differ"),
+        "{}",
+        d["warnings"]
+    );
+    let text = dmaprof()
+        .arg("diff")
+        .arg(&a)
+        .arg(&b)
+        .arg("-o")
+        .arg(dir_a.join("d2"))
+        .output()
+        .unwrap();
+    ok(&text);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("warning: sizes differ") && text.contains("phases changed beyond"),
+        "{text}"
     );
     let svg = fs::read_to_string(dir_a.join("d1/none_anonymous.populate/mmap.svg")).unwrap();
     assert!(svg.contains("<svg"));
