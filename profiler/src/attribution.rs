@@ -11,8 +11,8 @@ use crate::{
     flamegraph::Folded,
     loader::{Drained, RawSample},
     matrix::Workload,
-    probes::{AttachedBy, PROBE_TABLE, ProbeStatus},
-    report::{CaseReport, Counters, Exact, ExactRow, PhaseReport, Sampled, Stats},
+    probes::{AttachedBy, PROBE_TABLE, Pass, ProbeStatus},
+    report::{CaseReport, Counters, Exact, ExactRow, PassTimes, PhaseReport, Ratio, Sampled, Stats, median_ci},
     symbols::KernelSymbols,
     workload::{PHASES, Phase, PhaseRun},
 };
@@ -31,10 +31,17 @@ fn phase_of_slot(s: u32) -> Option<Phase> {
     s.checked_sub(1).map(|s| PHASES[s as usize % PHASES.len()])
 }
 
-/// Slots a case with `iterations` iterations uses, plus one (the drain bound).
+/// Slot iterations the BPF maps have room for.
+pub const MAX_SLOT_ITERATIONS: u32 = (crate::abi::MAX_PHASES - 1) / PHASES.len() as u32;
+
+/// Slots a case with `iterations` slot iterations uses, plus one (the drain bound).
 pub fn slots(iterations: u32) -> u32 {
     1 + iterations * PHASES.len() as u32
 }
+
+/// Each pass's iterations: (slot iteration, the phases it ran). The slot iteration says where
+/// a traced pass recorded in the BPF maps ([`slot`]); for the untraced pass it is the index.
+pub type PassRuns = BTreeMap<Pass, Vec<(u32, Vec<PhaseRun>)>>;
 
 /// Which measurements a run has, from what attached: a number that was not measured is
 /// reported as absent, never as zero.
@@ -61,8 +68,19 @@ impl Coverage {
         }
     }
 
-    /// What the attach status says was measured.
-    pub fn of(status: &[ProbeStatus]) -> Self {
+    /// What the attach status says was measured, in the passes that ran: the rows and
+    /// tracepoints in the exact pass, the sampler in the sampled one.
+    pub fn of(status: &[ProbeStatus], passes: &[Pass]) -> Self {
+        let mut c = Self::attached(status);
+        if !passes.contains(&Pass::Exact) {
+            c.exact = Err("the exact pass was not run (--passes)".into());
+            (c.syscalls, c.cpu_faults) = (false, false);
+        }
+        c.samples &= passes.contains(&Pass::Sampled);
+        c
+    }
+
+    fn attached(status: &[ProbeStatus]) -> Self {
         let attached = |f: &dyn Fn(&ProbeStatus) -> bool| status.iter().any(|s| s.attached && f(s));
         let is_row = |s: &ProbeStatus| matches!(s.mechanism, AttachedBy::Fentry | AttachedBy::Kprobe);
         let exact = if attached(&is_row) {
@@ -89,10 +107,8 @@ impl Coverage {
 pub struct CaseInput<'a> {
     /// The case and size.
     pub workload: &'a Workload,
-    /// Traced iterations, each a list of phase runs.
-    pub runs: &'a [Vec<PhaseRun>],
-    /// The untraced reference iteration, when one ran.
-    pub untraced: Option<&'a [PhaseRun]>,
+    /// The iterations of every pass that ran.
+    pub runs: &'a PassRuns,
     /// What the probes recorded.
     pub drained: &'a Drained,
     /// Kernel symbols for the sampled stacks.
@@ -140,7 +156,7 @@ fn sampled_by_phase(
 
 /// The exact breakdown of `phase` for its median iteration: categories + unattributed = that
 /// iteration's wall time.
-fn exact_breakdown(phase: Phase, per_iter: &[&PhaseRun], counters: &[PhaseCounters], input: &CaseInput) -> Exact {
+fn exact_breakdown(phase: Phase, exact: &[(u32, &PhaseRun)], input: &CaseInput) -> Exact {
     if let Err(why) = &input.coverage.exact {
         return Exact {
             available: false,
@@ -148,14 +164,14 @@ fn exact_breakdown(phase: Phase, per_iter: &[&PhaseRun], counters: &[PhaseCounte
             ..Exact::default()
         };
     }
-    let mut order: Vec<usize> = (0..per_iter.len()).collect();
-    order.sort_by_key(|&i| per_iter[i].wall_ns);
-    let Some(&it) = order.get(order.len().saturating_sub(1) / 2) else {
+    let mut order: Vec<usize> = (0..exact.len()).collect();
+    order.sort_by_key(|&i| exact[i].1.wall_ns);
+    let Some(&median) = order.get(order.len().saturating_sub(1) / 2) else {
         return Exact::default();
     };
-    let wall_ns = per_iter[it].wall_ns;
-    let c = counters.get(it).copied().unwrap_or_default();
-    let s = slot(it as u32, phase);
+    let (it, run) = exact[median];
+    let s = slot(it, phase);
+    let c = counters_at(input.drained, s);
     let mut categories: BTreeMap<Category, u64> = CATEGORIES
         .iter()
         .filter(|c| **c != Category::User)
@@ -180,14 +196,55 @@ fn exact_breakdown(phase: Phase, per_iter: &[&PhaseRun], counters: &[PhaseCounte
     Exact {
         available: true,
         unavailable: None,
-        iteration: it as u32,
-        wall_ns,
+        iteration: median as u32,
+        wall_ns: run.wall_ns,
         kernel_ns: c.syscall_ns,
         categories,
-        unattributed_ns: wall_ns as i64 - sum as i64,
+        unattributed_ns: run.wall_ns as i64 - sum as i64,
         rows,
         lost_events: c.stack_overflow + c.unmatched_exit,
     }
+}
+
+/// The counters recorded in `slot` (zero where nothing was).
+fn counters_at(drained: &Drained, slot: u32) -> PhaseCounters {
+    drained
+        .counters
+        .iter()
+        .find(|(sl, _)| *sl == slot)
+        .map(|(_, c)| *c)
+        .unwrap_or_default()
+}
+
+/// `pass`'s runs of `phase`, with their slot iterations.
+fn runs_of(runs: &PassRuns, pass: Pass, phase: Phase) -> Vec<(u32, &PhaseRun)> {
+    runs.get(&pass)
+        .into_iter()
+        .flatten()
+        .filter_map(|(it, r)| r.iter().find(|p| p.phase == phase).map(|p| (*it, p)))
+        .collect()
+}
+
+fn wall_stats(runs: &[(u32, &PhaseRun)]) -> Stats {
+    Stats::of(runs.iter().map(|(_, p)| p.wall_ns).collect())
+}
+
+/// The traced passes' times and their cost against the untraced pass (when it ran and the
+/// phase is long enough for a ratio to mean something).
+fn pass_times(input: &CaseInput, phase: Phase, untraced: Option<&Stats>) -> BTreeMap<Pass, PassTimes> {
+    [Pass::Exact, Pass::Sampled]
+        .into_iter()
+        .filter_map(|pass| {
+            let runs = runs_of(input.runs, pass, phase);
+            (!runs.is_empty()).then(|| {
+                let wall_ns = wall_stats(&runs);
+                let ratio = untraced
+                    .filter(|u| u.median >= MIN_RATIO_NS)
+                    .and_then(|u| Ratio::of(&wall_ns, u));
+                (pass, PassTimes { wall_ns, ratio })
+            })
+        })
+        .collect()
 }
 
 fn exact_row(row: usize, st: &RowStats, mechanism: AttachedBy) -> ExactRow {
@@ -206,65 +263,55 @@ fn exact_row(row: usize, st: &RowStats, mechanism: AttachedBy) -> ExactRow {
 
 /// One phase's report from its iterations, counters and samples.
 fn phase_report(phase: Phase, input: &CaseInput, cats: &CategoryCounts) -> Option<PhaseReport> {
-    let per_iter: Vec<&PhaseRun> = input
-        .runs
+    let headline = [Pass::Untraced, Pass::Exact, Pass::Sampled]
+        .into_iter()
+        .map(|p| (p, runs_of(input.runs, p, phase)))
+        .find(|(_, r)| !r.is_empty())?;
+    let (wall_pass, head) = headline;
+    let wall = wall_stats(&head);
+    let exact = runs_of(input.runs, Pass::Exact, phase);
+    // Counters come from the exact pass: its tracepoints are the ones that count.
+    let counters: Vec<PhaseCounters> = exact
         .iter()
-        .filter_map(|r| r.iter().find(|p| p.phase == phase))
+        .map(|(it, _)| counters_at(input.drained, slot(*it, phase)))
         .collect();
-    if per_iter.is_empty() {
-        return None;
-    }
-    let counters: Vec<PhaseCounters> = (0..input.runs.len() as u32)
-        .map(|i| {
-            let s = slot(i, phase);
-            input
-                .drained
-                .counters
-                .iter()
-                .find(|(sl, _)| *sl == s)
-                .map(|(_, c)| *c)
-                .unwrap_or_default()
-        })
+    let all_traced: Vec<PhaseCounters> = (0..slots(MAX_SLOT_ITERATIONS))
+        .filter(|s| phase_of_slot(*s) == Some(phase))
+        .map(|s| counters_at(input.drained, s))
         .collect();
-    let wall = Stats::of(per_iter.iter().map(|p| p.wall_ns).collect());
     let med = |f: fn(&PhaseCounters) -> u64| Stats::of(counters.iter().map(f).collect()).median;
-    let size = input.workload.size.bytes();
     let moves_memory = !matches!(phase, Phase::Close | Phase::MemfdCreate);
     let gib_per_s = if wall.median > 0 && moves_memory {
-        size as f64 / (1u64 << 30) as f64 / (wall.median as f64 / 1e9)
+        input.workload.size.bytes() as f64 / (1u64 << 30) as f64 / (wall.median as f64 / 1e9)
     } else {
         0.0
     };
-    let untraced_ns = input
-        .untraced
-        .and_then(|u| u.iter().find(|p| p.phase == phase))
-        .map(|p| p.wall_ns);
     let (cov, case) = (input.coverage, input.workload.case.name());
     let file = |ext: &str| cov.samples.then(|| format!("{case}/{}.{ext}", phase.name()));
+    let untraced = (wall_pass == Pass::Untraced).then_some(&wall);
     Some(PhaseReport {
         name: phase,
-        overhead: untraced_ns
-            .filter(|u| *u >= MIN_RATIO_NS)
-            .map(|u| wall.median as f64 / u as f64),
-        untraced_ns,
-        exact: exact_breakdown(phase, &per_iter, &counters, input),
+        wall_pass,
+        wall_ci: median_ci(&wall.runs),
+        passes: pass_times(input, phase, untraced),
+        exact: exact_breakdown(phase, &exact, input),
         kernel_ns: cov
             .syscalls
             .then(|| Stats::of(counters.iter().map(|c| c.syscall_ns).collect())),
-        wall_ns: wall,
         gib_per_s,
         sampled: Sampled {
             samples: cats.total(),
-            lost: counters.iter().map(|c| c.lost_samples).sum(),
+            lost: all_traced.iter().map(|c| c.lost_samples).sum(),
             categories: cats.shares(),
         },
         counters: Counters {
             cpu_faults: cov.cpu_faults.then(|| med(|c| c.user_faults)),
-            minor_faults: Stats::of(per_iter.iter().map(|p| p.minor_faults).collect()).median,
-            major_faults: Stats::of(per_iter.iter().map(|p| p.major_faults).collect()).median,
+            minor_faults: Stats::of(head.iter().map(|(_, p)| p.minor_faults).collect()).median,
+            major_faults: Stats::of(head.iter().map(|(_, p)| p.major_faults).collect()).median,
             syscalls: cov.syscalls.then(|| med(|c| c.syscalls)),
-            unbalanced: counters.iter().map(|c| c.unbalanced).sum(),
+            unbalanced: all_traced.iter().map(|c| c.unbalanced).sum(),
         },
+        wall_ns: wall,
         folded: file("folded"),
         flamegraph: file("svg"),
     })
@@ -365,11 +412,15 @@ mod tests {
             },
             size: "1M".parse().unwrap(),
         };
-        let runs = vec![vec![
-            run(Phase::Mmap, 100),
-            run(Phase::Map, 1_000_000),
-            run(Phase::Unmap, 50),
-        ]];
+        // Two untraced iterations, one exact (slot iteration 0), one sampled (slot iteration 1).
+        let untraced = |map| vec![run(Phase::Mmap, 999_999), run(Phase::Map, map), run(Phase::Unmap, 50)];
+        let mut runs = PassRuns::new();
+        runs.insert(Pass::Untraced, vec![(0, untraced(900_000)), (1, untraced(1_100_000))]);
+        runs.insert(
+            Pass::Exact,
+            vec![(0, vec![run(Phase::Mmap, 100), run(Phase::Map, 1_000_000)])],
+        );
+        runs.insert(Pass::Sampled, vec![(1, vec![run(Phase::Map, 2_000_000)])]);
         let map = slot(0, Phase::Map);
         let drained = Drained {
             counters: vec![(
@@ -382,12 +433,12 @@ mod tests {
             )],
             samples: vec![
                 RawSample {
-                    slot: map,
+                    slot: slot(1, Phase::Map),
                     kernel: vec![0x2010, 0x1010],
                     count: 2,
                 },
                 RawSample {
-                    slot: map,
+                    slot: slot(1, Phase::Map),
                     kernel: vec![],
                     count: 1,
                 },
@@ -414,7 +465,6 @@ mod tests {
         let input = CaseInput {
             workload: &w,
             runs: &runs,
-            untraced: Some(&[run(Phase::Map, 1_000_000), run(Phase::Mmap, 999_999)]),
             drained: &drained,
             symbols: Some(&symbols),
             rows: &rows,
@@ -435,12 +485,19 @@ mod tests {
         assert_eq!(p.sampled.samples, 3);
         assert!((p.sampled.categories[&Category::Pinning] - 2.0 / 3.0).abs() < 1e-9);
         assert!((p.sampled.categories[&Category::User] - 1.0 / 3.0).abs() < 1e-9);
-        assert_eq!(p.overhead, Some(1.0));
+        // The headline is the untraced pass; each traced pass has its ratio to it.
+        assert_eq!(p.wall_pass, Pass::Untraced);
+        assert_eq!(p.wall_ns.median, 1_000_000);
+        assert_eq!(p.wall_ns.runs, [900_000, 1_100_000]);
+        let exact = p.passes[&Pass::Exact].ratio.unwrap();
+        assert!((exact.median - 1.0).abs() < 1e-9 && (exact.low - 1.0 / 1.1).abs() < 1e-9);
+        assert!((p.passes[&Pass::Sampled].ratio.unwrap().median - 2.0).abs() < 1e-9);
+        assert_eq!(p.exact.wall_ns, 1_000_000, "the exact pass's own iteration");
         // Not measured is absent, not zero; a phase under 1 ms untraced gets no ratio.
         assert_eq!(p.counters.cpu_faults, None);
         assert!(p.kernel_ns.is_some());
         let mmap = out.report.phases.iter().find(|p| p.name == Phase::Mmap).unwrap();
-        assert_eq!(mmap.overhead, None);
+        assert_eq!(mmap.passes[&Pass::Exact].ratio, None);
         assert_eq!(out.report.map_ioctl.as_deref(), Some("VFIO_IOMMU_MAP_DMA"));
         let (_, f) = out.folded.iter().find(|(ph, _)| *ph == Phase::Map).unwrap();
         assert_eq!(f.stacks["map;vfio_pin_pages_remote;pin_user_pages_remote"], 2);
@@ -485,9 +542,12 @@ mod tests {
             st("raw_syscalls:sys_exit", AttachedBy::RawTracepoint, true, None),
             st("cpu-clock@99Hz", AttachedBy::PerfEvent, true, None),
         ];
-        let c = Coverage::of(&status);
+        let c = Coverage::of(&status, &[Pass::Untraced, Pass::Exact, Pass::Sampled]);
         assert!(c.exact.unwrap_err().contains("kernel has no kprobes"));
         assert!(c.syscalls && c.samples && !c.cpu_faults);
+        // What a pass that did not run would have measured is not claimed.
+        let c = Coverage::of(&status, &[Pass::Untraced, Pass::Sampled]);
+        assert!(c.exact.unwrap_err().contains("--passes") && !c.syscalls && c.samples);
     }
 
     #[test]

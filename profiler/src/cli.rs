@@ -3,7 +3,14 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
-use crate::{matrix::Prefault, plan::RunOptions, probes::Mechanism, session::MAX_ITERATIONS, size::ByteSize, sys};
+use crate::{
+    matrix::Prefault,
+    plan::RunOptions,
+    probes::{Mechanism, Pass},
+    session::MAX_ITERATIONS,
+    size::ByteSize,
+    sys,
+};
 
 /// dmaprof's arguments.
 #[derive(Parser)]
@@ -67,9 +74,18 @@ pub struct RunArgs {
     /// Prefault strategies to run.
     #[arg(long, value_delimiter = ',', default_value = "none,populate,touch")]
     pub prefault: Vec<Prefault>,
-    /// Traced iterations per case.
-    #[arg(short = 'n', long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_ITERATIONS)))]
+    /// Untraced iterations per case: the headline wall times, their median and its
+    /// confidence interval.
+    #[arg(short = 'n', long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub iterations: u32,
+    /// Iterations of each traced pass (exact, sampled) per case.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_ITERATIONS / 2)))]
+    pub traced_iterations: u32,
+    /// Passes per case, interleaved: `untraced` (nothing attached: the headline times), `exact`
+    /// (probe-table rows and tracepoints: the exact breakdown), `sampled` (stack sampling only:
+    /// shares and flamegraphs).
+    #[arg(long, value_delimiter = ',', default_value = "untraced,exact,sampled")]
+    pub passes: Vec<Pass>,
     /// Stack sampling frequency in Hz.
     #[arg(long = "freq", default_value_t = 4999, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     pub freq_hz: u64,
@@ -85,7 +101,8 @@ pub struct RunArgs {
     /// Bind the device to vfio-pci for the run if another driver has it (restored afterwards).
     #[arg(long)]
     pub bind: bool,
-    /// Load no probes: every iteration untraced (wall times only).
+    /// Load no probes: every iteration untraced (wall times only); the same as
+    /// `--passes untraced`.
     #[arg(long)]
     pub no_trace: bool,
     /// Probe mechanisms to attach (what each costs: `cargo xtask bench`).
@@ -112,6 +129,12 @@ impl RunArgs {
             variants: self.variants.clone(),
             prefaults: self.prefault.clone(),
             iterations: self.iterations,
+            traced_iterations: self.traced_iterations,
+            passes: if self.no_trace {
+                vec![Pass::Untraced]
+            } else {
+                dedup(&self.passes)
+            },
             freq_hz: self.freq_hz,
             out: self
                 .out
@@ -119,12 +142,22 @@ impl RunArgs {
                 .unwrap_or_else(|| PathBuf::from("dmaprof-out").join(sys::timestamp())),
             device: self.device.clone(),
             bind: self.bind,
-            no_trace: self.no_trace,
             sample_map_entries: self.sample_map_entries,
             mechanisms: self.mechanisms.clone(),
             started,
         }
     }
+}
+
+/// The passes in the order given, each once.
+fn dedup(passes: &[Pass]) -> Vec<Pass> {
+    let mut out: Vec<Pass> = Vec::new();
+    for p in passes {
+        if !out.contains(p) {
+            out.push(*p);
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -153,5 +186,12 @@ mod tests {
         assert_eq!(o.prefaults, vec![Prefault::Touch]);
         assert!(Cli::try_parse_from(["dmaprof", "run", "-b", "100"]).is_err());
         assert!(Cli::try_parse_from(["dmaprof", "run", "-n", "0"]).is_err());
+        assert_eq!(o.passes, vec![Pass::Untraced, Pass::Exact, Pass::Sampled]);
+        let cli = Cli::try_parse_from(["dmaprof", "run", "--no-trace", "--passes", "exact"]).unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("not run")
+        };
+        assert_eq!(args.options(std::time::Instant::now()).passes, vec![Pass::Untraced]);
+        assert!(Cli::try_parse_from(["dmaprof", "run", "--passes", "fast"]).is_err());
     }
 }

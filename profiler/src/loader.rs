@@ -10,13 +10,17 @@ use aya::{
     maps::{Array, HashMap, MapData, StackTraceMap},
     programs::{
         FEntry, FExit, KProbe, PerfEvent, Program, ProgramError, RawTracePoint,
-        perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+        fentry::FEntryLinkId,
+        fexit::FExitLinkId,
+        kprobe::KProbeLinkId,
+        perf_event::{PerfEventConfig, PerfEventLinkId, PerfEventScope, SamplePolicy, SoftwareEvent},
+        raw_trace_point::RawTracePointLinkId,
     },
 };
 
 use crate::{
     abi::{self, Control, PhaseCounters, RowConfig, RowStats, SampleKey},
-    probes::{AttachedBy, Mechanism, NOT_REQUESTED, PROBE_TABLE, ProbeStatus, TRACEPOINTS},
+    probes::{AttachedBy, Group, Mechanism, NOT_REQUESTED, PROBE_TABLE, ProbeStatus, TRACEPOINTS},
     symbols::KernelSymbols,
 };
 
@@ -230,6 +234,7 @@ pub struct Attacher<'e> {
     fentry_requested: bool,
     kprobes_requested: bool,
     next_slot: u32,
+    hooks: Vec<Hook>,
 }
 
 impl<'e> Attacher<'e> {
@@ -249,6 +254,7 @@ impl<'e> Attacher<'e> {
             fentry_requested: fentry,
             kprobes_requested: kprobes,
             next_slot: 0,
+            hooks: Vec::new(),
         };
         this.kprobe_block = if !kprobes {
             Some("kprobes not requested (--probes)".into())
@@ -275,18 +281,17 @@ impl<'e> Attacher<'e> {
         if let Some(why) = &self.kprobe_block {
             return Err(AttachError::Unavailable(why.clone()));
         }
-        let attach_err = |what, e: ProgramError| AttachError::ProgramAttach {
-            what,
-            target: symbol.to_owned(),
-            reason: e.to_string(),
-        };
-        let link = program::<KProbe>(self.ebpf, abi::programs::ROW_ENTRY)?
-            .attach(symbol, 0)
-            .map_err(|e| attach_err("kprobe", e))?;
-        if let Err(e) = program::<KProbe>(self.ebpf, abi::programs::ROW_EXIT)?.attach(symbol, 0) {
-            let _ = program::<KProbe>(self.ebpf, abi::programs::ROW_ENTRY)?.detach(link);
-            return Err(attach_err("kretprobe", e));
-        }
+        self.hook(Group::Rows, Target::Kprobe(symbol.to_owned()))
+    }
+
+    /// Links `target` now and keeps it as a hook of `group`.
+    fn hook(&mut self, group: Group, target: Target) -> Result<(), AttachError> {
+        let link = link(self.ebpf, &target)?;
+        self.hooks.push(Hook {
+            group,
+            target,
+            link: Some(link),
+        });
         Ok(())
     }
 
@@ -300,7 +305,9 @@ impl<'e> Attacher<'e> {
         }
         let slot = self.next_slot;
         self.next_slot += 1;
-        let result = self.fentry_slot(slot, symbol);
+        let result = self
+            .load_fentry_slot(slot, symbol)
+            .and_then(|()| self.hook(Group::Rows, Target::Fentry(slot, symbol.to_owned())));
         if let Err(e) = &result
             && e.refuses_all()
         {
@@ -309,30 +316,19 @@ impl<'e> Attacher<'e> {
         result
     }
 
-    fn fentry_slot(&mut self, slot: u32, symbol: &str) -> Result<(), AttachError> {
+    /// Loads slot `slot`'s fentry and fexit programs for `symbol` (BTF binds them at load).
+    fn load_fentry_slot(&mut self, slot: u32, symbol: &str) -> Result<(), AttachError> {
         let btf = self
             .btf
             .as_ref()
             .ok_or_else(|| AttachError::Unavailable("no kernel BTF".into()))?;
-        let entry_name = format!("{}{slot}", abi::programs::ROW_FENTRY_PREFIX);
-        let exit_name = format!("{}{slot}", abi::programs::ROW_FEXIT_PREFIX);
-        let attach_err = |what, e: ProgramError| AttachError::ProgramAttach {
-            what,
-            target: symbol.to_owned(),
-            reason: e.to_string(),
-        };
-        let entry = program::<FEntry>(self.ebpf, &entry_name)?;
-        entry.load(symbol, btf).map_err(|e| load_error("fentry", &e))?;
-        let link = entry.attach().map_err(|e| attach_err("fentry", e))?;
-        let exit = program::<FExit>(self.ebpf, &exit_name)?;
-        let result = exit
+        let (entry, exit) = fentry_names(slot);
+        program::<FEntry>(self.ebpf, &entry)?
+            .load(symbol, btf)
+            .map_err(|e| load_error("fentry", &e))?;
+        program::<FExit>(self.ebpf, &exit)?
             .load(symbol, btf)
             .map_err(|e| load_error("fexit", &e))
-            .and_then(|()| exit.attach().map(drop).map_err(|e| attach_err("fexit", e)));
-        if result.is_err() {
-            let _ = program::<FEntry>(self.ebpf, &entry_name)?.detach(link);
-        }
-        result
     }
 
     /// One planned row: fentry when it can bind and is allowed, else kprobes.
@@ -374,32 +370,152 @@ impl<'e> Attacher<'e> {
     }
 
     /// Loads and attaches one raw tracepoint.
-    pub fn tracepoint(&mut self, prog: &str, event: &str) -> Result<(), AttachError> {
-        let p = program::<RawTracePoint>(self.ebpf, prog)?;
-        p.load().map_err(|e| load_error("raw tracepoint", &e))?;
-        p.attach(event).map(drop).map_err(|e| AttachError::ProgramAttach {
-            what: "raw tracepoint",
-            target: event.to_owned(),
-            reason: e.to_string(),
-        })
+    pub fn tracepoint(&mut self, prog: &'static str, event: &'static str) -> Result<(), AttachError> {
+        program::<RawTracePoint>(self.ebpf, prog)?
+            .load()
+            .map_err(|e| load_error("raw tracepoint", &e))?;
+        self.hook(Group::Tracepoints, Target::Tracepoint(prog, event))
     }
 
     /// Loads the sampler and attaches it to thread `tid`'s CPU clock at `freq_hz`.
     pub fn sampler(&mut self, tid: u32, freq_hz: u64) -> Result<(), AttachError> {
-        let p = program::<PerfEvent>(self.ebpf, abi::programs::SAMPLE_STACK)?;
-        p.load().map_err(|e| load_error("perf_event", &e))?;
-        p.attach(
-            PerfEventConfig::Software(SoftwareEvent::CpuClock),
-            PerfEventScope::OneProcess { pid: tid, cpu: None },
-            SamplePolicy::Frequency(freq_hz),
-            false,
-        )
-        .map(drop)
-        .map_err(|e| AttachError::ProgramAttach {
-            what: "perf_event",
-            target: format!("cpu-clock of thread {tid}"),
-            reason: crate::loader::chain(&e),
-        })
+        program::<PerfEvent>(self.ebpf, abi::programs::SAMPLE_STACK)?
+            .load()
+            .map_err(|e| load_error("perf_event", &e))?;
+        self.hook(Group::Sampler, Target::Sampler { tid, freq_hz })
+    }
+}
+
+/// Where a probe hooks into the kernel, kept so that it can be detached and attached again
+/// between passes without being loaded (and verified) again.
+#[derive(Clone, Debug)]
+enum Target {
+    /// row_entry + row_exit on a function.
+    Kprobe(String),
+    /// Fentry slot `.0` (loaded for function `.1`).
+    Fentry(u32, String),
+    /// A raw tracepoint program and its event.
+    Tracepoint(&'static str, &'static str),
+    /// The sampler on a thread's CPU clock.
+    Sampler {
+        /// Thread.
+        tid: u32,
+        /// Frequency.
+        freq_hz: u64,
+    },
+}
+
+/// The kernel links of one attached [`Target`].
+#[derive(Debug)]
+enum Link {
+    Kprobe(KProbeLinkId, KProbeLinkId),
+    Fentry(FEntryLinkId, FExitLinkId),
+    Tracepoint(RawTracePointLinkId),
+    Sampler(PerfEventLinkId),
+}
+
+/// One probe, its group, and its links while attached.
+#[derive(Debug)]
+struct Hook {
+    group: Group,
+    target: Target,
+    link: Option<Link>,
+}
+
+fn fentry_names(slot: u32) -> (String, String) {
+    (
+        format!("{}{slot}", abi::programs::ROW_FENTRY_PREFIX),
+        format!("{}{slot}", abi::programs::ROW_FEXIT_PREFIX),
+    )
+}
+
+fn attach_error(what: &'static str, target: &str) -> impl FnOnce(ProgramError) -> AttachError {
+    move |e| AttachError::ProgramAttach {
+        what,
+        target: target.to_owned(),
+        reason: chain(&e),
+    }
+}
+
+/// Attaches a loaded target; of a pair, neither stays if one fails.
+fn link(ebpf: &mut Ebpf, target: &Target) -> Result<Link, AttachError> {
+    match target {
+        Target::Kprobe(symbol) => {
+            let entry = program::<KProbe>(ebpf, abi::programs::ROW_ENTRY)?
+                .attach(symbol, 0)
+                .map_err(attach_error("kprobe", symbol))?;
+            match program::<KProbe>(ebpf, abi::programs::ROW_EXIT)?.attach(symbol, 0) {
+                Ok(exit) => Ok(Link::Kprobe(entry, exit)),
+                Err(e) => {
+                    let _ = program::<KProbe>(ebpf, abi::programs::ROW_ENTRY)?.detach(entry);
+                    Err(attach_error("kretprobe", symbol)(e))
+                }
+            }
+        }
+        Target::Fentry(slot, symbol) => {
+            let (entry_name, exit_name) = fentry_names(*slot);
+            let entry = program::<FEntry>(ebpf, &entry_name)?
+                .attach()
+                .map_err(attach_error("fentry", symbol))?;
+            match program::<FExit>(ebpf, &exit_name)?.attach() {
+                Ok(exit) => Ok(Link::Fentry(entry, exit)),
+                Err(e) => {
+                    let _ = program::<FEntry>(ebpf, &entry_name)?.detach(entry);
+                    Err(attach_error("fexit", symbol)(e))
+                }
+            }
+        }
+        Target::Tracepoint(prog, event) => program::<RawTracePoint>(ebpf, prog)?
+            .attach(event)
+            .map(Link::Tracepoint)
+            .map_err(attach_error("raw tracepoint", event)),
+        Target::Sampler { tid, freq_hz } => program::<PerfEvent>(ebpf, abi::programs::SAMPLE_STACK)?
+            .attach(
+                PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                PerfEventScope::OneProcess { pid: *tid, cpu: None },
+                SamplePolicy::Frequency(*freq_hz),
+                false,
+            )
+            .map(Link::Sampler)
+            .map_err(attach_error("perf_event", &format!("cpu-clock of thread {tid}"))),
+    }
+}
+
+/// Detaches an attached target.
+fn unlink(ebpf: &mut Ebpf, target: &Target, link: Link) -> Result<(), AttachError> {
+    let detach_err = |e: ProgramError| AttachError::ProgramAttach {
+        what: "detach",
+        target: format!("{target:?}"),
+        reason: chain(&e),
+    };
+    match link {
+        Link::Kprobe(entry, exit) => {
+            program::<KProbe>(ebpf, abi::programs::ROW_ENTRY)?
+                .detach(entry)
+                .map_err(detach_err)?;
+            program::<KProbe>(ebpf, abi::programs::ROW_EXIT)?
+                .detach(exit)
+                .map_err(detach_err)
+        }
+        Link::Fentry(entry, exit) => {
+            let Target::Fentry(slot, _) = target else {
+                unreachable!("fentry links belong to fentry targets")
+            };
+            let (entry_name, exit_name) = fentry_names(*slot);
+            program::<FEntry>(ebpf, &entry_name)?
+                .detach(entry)
+                .map_err(detach_err)?;
+            program::<FExit>(ebpf, &exit_name)?.detach(exit).map_err(detach_err)
+        }
+        Link::Tracepoint(id) => {
+            let Target::Tracepoint(prog, _) = target else {
+                unreachable!("tracepoint links belong to tracepoints")
+            };
+            program::<RawTracePoint>(ebpf, prog)?.detach(id).map_err(detach_err)
+        }
+        Link::Sampler(id) => program::<PerfEvent>(ebpf, abi::programs::SAMPLE_STACK)?
+            .detach(id)
+            .map_err(detach_err),
     }
 }
 
@@ -450,7 +566,7 @@ fn register_rows(ebpf: &mut Ebpf, symbols: &KernelSymbols, plans: &[RowPlan]) ->
 }
 
 /// Attaches the probe-table rows the request selects.
-fn attach_rows(ebpf: &mut Ebpf, req: &Request) -> Result<Vec<ProbeStatus>, AttachError> {
+fn attach_rows(ebpf: &mut Ebpf, req: &Request) -> Result<(Vec<ProbeStatus>, Vec<Hook>), AttachError> {
     let (fentry, kprobes) = (
         req.mechanisms.contains(&Mechanism::Fentry),
         req.mechanisms.contains(&Mechanism::Kprobes),
@@ -458,12 +574,13 @@ fn attach_rows(ebpf: &mut Ebpf, req: &Request) -> Result<Vec<ProbeStatus>, Attac
     let wanted = if fentry { AttachedBy::Fentry } else { AttachedBy::Kprobe };
     if !fentry && !kprobes {
         let selected = |i: &usize| req.rows.is_none_or(|r| r.contains(i));
-        return Ok(PROBE_TABLE
+        let status = PROBE_TABLE
             .iter()
             .enumerate()
             .filter(|(i, _)| selected(i))
             .map(|(_, r)| not_attached(r.function, AttachedBy::Kprobe, NOT_REQUESTED))
-            .collect());
+            .collect();
+        return Ok((status, Vec::new()));
     }
     let mut attacher = Attacher::new(ebpf, fentry, kprobes);
     let (plans, mut status) = plan_rows(req, attacher.btf.as_ref(), wanted);
@@ -471,11 +588,11 @@ fn attach_rows(ebpf: &mut Ebpf, req: &Request) -> Result<Vec<ProbeStatus>, Attac
         register_rows(attacher.ebpf, symbols, &plans)?;
     }
     status.extend(plans.iter().map(|p| attacher.row(p)));
-    Ok(status)
+    Ok((status, attacher.hooks))
 }
 
 /// Attaches the tracepoints and the sampler the request selects.
-fn attach_events(ebpf: &mut Ebpf, req: &Request) -> Vec<ProbeStatus> {
+fn attach_events(ebpf: &mut Ebpf, req: &Request) -> (Vec<ProbeStatus>, Vec<Hook>) {
     let mut attacher = Attacher::new(ebpf, false, false);
     let mut status = Vec::new();
     for tp in TRACEPOINTS {
@@ -502,16 +619,18 @@ fn attach_events(ebpf: &mut Ebpf, req: &Request) -> Vec<ProbeStatus> {
         attached: sampler.is_ok(),
         error: sampler.err(),
     });
-    status
+    (status, attacher.hooks)
 }
 
 /// Plans, loads and attaches what `req` asks for, and returns the activated probes. A probe
 /// that cannot attach is recorded in `status`; only a failed load is an error.
 pub fn attach(req: &Request) -> Result<Probes, AttachError> {
     let mut ebpf = load(req.tid, req.sample_map_entries)?;
-    let mut status = attach_rows(&mut ebpf, req)?;
-    status.extend(attach_events(&mut ebpf, req));
-    Probes::activate(ebpf, status)
+    let (mut status, mut hooks) = attach_rows(&mut ebpf, req)?;
+    let (events, event_hooks) = attach_events(&mut ebpf, req);
+    status.extend(events);
+    hooks.extend(event_hooks);
+    Probes::activate(ebpf, status, hooks)
 }
 
 /// One sampled stack and how often it was seen.
@@ -545,13 +664,14 @@ pub struct Probes {
     stacks: StackTraceMap<MapData>,
     row_stats: Array<MapData, RowStats>,
     logger: Option<aya_log::EbpfLogger<crate::bpflog::BpfLog>>,
+    hooks: Vec<Hook>,
     /// What attached and what did not.
     pub status: Vec<ProbeStatus>,
 }
 
 impl Probes {
     /// Takes the maps user space reads and starts forwarding the programs' log records.
-    fn activate(mut ebpf: Ebpf, status: Vec<ProbeStatus>) -> Result<Self, AttachError> {
+    fn activate(mut ebpf: Ebpf, status: Vec<ProbeStatus>, hooks: Vec<Hook>) -> Result<Self, AttachError> {
         let logger = aya_log::EbpfLogger::init_with_logger(&mut ebpf, crate::bpflog::BpfLog).ok();
         let mut take = |name: &'static str| {
             ebpf.take_map(name)
@@ -571,8 +691,24 @@ impl Probes {
             stacks,
             row_stats,
             logger,
+            hooks,
             status,
         })
+    }
+
+    /// Keeps attached exactly the probes of `groups` (a pass's set): detaches the others and
+    /// attaches again what a previous pass detached. Nothing is loaded again.
+    pub fn set_groups(&mut self, groups: &[Group]) -> Result<(), AttachError> {
+        for hook in &mut self.hooks {
+            let wanted = groups.contains(&hook.group);
+            match hook.link.take() {
+                Some(l) if !wanted => unlink(&mut self.ebpf, &hook.target, l)?,
+                Some(l) => hook.link = Some(l),
+                None if wanted => hook.link = Some(link(&mut self.ebpf, &hook.target)?),
+                None => {}
+            }
+        }
+        Ok(())
     }
 
     /// The rows that attached (indices into [`PROBE_TABLE`]) and how.

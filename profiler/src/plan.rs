@@ -5,7 +5,7 @@ use std::{path::PathBuf, time::Instant};
 use crate::{
     facts::{Capabilities, CapabilityId, has},
     matrix::{self, Case, DmaMode, Prefault},
-    probes::Mechanism,
+    probes::{Mechanism, Pass},
     report::Skipped,
     size::{ByteSize, HumanSize},
     sys,
@@ -20,8 +20,12 @@ pub struct RunOptions {
     pub variants: Vec<String>,
     /// Prefaults to run.
     pub prefaults: Vec<Prefault>,
-    /// Iterations per case.
+    /// Untraced iterations per case (the headline wall times).
     pub iterations: u32,
+    /// Iterations of each traced pass (exact, sampled) per case.
+    pub traced_iterations: u32,
+    /// The passes to run.
+    pub passes: Vec<Pass>,
     /// Sampling frequency.
     pub freq_hz: u64,
     /// Output directory.
@@ -30,8 +34,6 @@ pub struct RunOptions {
     pub device: Option<String>,
     /// Bind the device to vfio-pci for the run if it is bound elsewhere.
     pub bind: bool,
-    /// Load no probes at all: every iteration untraced.
-    pub no_trace: bool,
     /// Testing: entries of the sampled-stack map (small values force lost samples).
     pub sample_map_entries: Option<u32>,
     /// When the process started (for the start-up time in the report).
@@ -160,11 +162,12 @@ mod tests {
             variants: Vec::new(),
             prefaults: vec![Prefault::None],
             iterations: 1,
+            traced_iterations: 1,
+            passes: vec![Pass::Untraced],
             freq_hz: 1,
             out: PathBuf::new(),
             device: device.map(Into::into),
             bind: false,
-            no_trace: true,
             sample_map_entries: None,
             started: Instant::now(),
             mechanisms: Vec::new(),

@@ -161,6 +161,55 @@ impl Mechanism {
     ];
 }
 
+/// One pass over a case: what is attached while its iterations run.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    clap::ValueEnum,
+    strum::EnumIter,
+    strum::Display,
+)]
+#[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
+pub enum Pass {
+    /// Nothing attached: the headline wall times.
+    Untraced,
+    /// Probe-table rows (fentry/kprobes) and the tracepoints, no sampling: the exact breakdown.
+    Exact,
+    /// The stack sampler only: sampled shares and flamegraphs.
+    Sampled,
+}
+
+impl Pass {
+    /// The probe groups attached during this pass.
+    pub fn groups(self) -> &'static [Group] {
+        match self {
+            Pass::Untraced => &[],
+            Pass::Exact => &[Group::Rows, Group::Tracepoints],
+            Pass::Sampled => &[Group::Sampler],
+        }
+    }
+}
+
+/// Probes that are attached and detached together between passes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Group {
+    /// The probe-table rows.
+    Rows,
+    /// The raw tracepoints.
+    Tracepoints,
+    /// The perf-event sampler.
+    Sampler,
+}
+
 /// How one probe is (or would have been) attached.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, strum::Display)]
 #[serde(rename_all = "snake_case")]

@@ -8,7 +8,7 @@ use crate::{
     category::Category,
     facts::{Capabilities, KernelInfo},
     matrix::{Backing, DmaMode, Prefault},
-    probes::{AmountUnit, AttachedBy, Mechanism, ProbeStatus},
+    probes::{AmountUnit, AttachedBy, Mechanism, Pass, ProbeStatus},
     workload::Phase,
 };
 
@@ -67,8 +67,14 @@ pub struct Timing {
 pub struct Config {
     /// Buffer size per case.
     pub size_bytes: u64,
-    /// Traced iterations per case.
+    /// Untraced iterations per case.
     pub iterations: u32,
+    /// Iterations of each traced pass per case.
+    #[serde(default)]
+    pub traced_iterations: u32,
+    /// The passes run, in the order given.
+    #[serde(default)]
+    pub passes: Vec<Pass>,
     /// Stack sampling frequency.
     pub freq_hz: u64,
     /// The -v patterns.
@@ -77,7 +83,7 @@ pub struct Config {
     /// The prefaults selected.
     #[serde(default)]
     pub prefaults: Vec<Prefault>,
-    /// False with --no-trace: no probe was loaded.
+    /// False with no traced pass (--no-trace): no probe was loaded.
     #[serde(default = "yes")]
     pub traced: bool,
     /// The probe mechanisms requested (`--probes`).
@@ -148,6 +154,82 @@ impl Stats {
     }
 }
 
+fn untraced() -> Pass {
+    Pass::Untraced
+}
+
+/// A confidence interval.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Interval {
+    /// Lower bound.
+    pub low: u64,
+    /// Upper bound.
+    pub high: u64,
+    /// Its confidence level (0.95 = 95%).
+    pub level: f64,
+}
+
+/// The distribution-free confidence interval of the median of `runs`: the narrowest pair of
+/// order statistics `[x(j), x(n+1-j)]` that covers the median with probability >= 95% (the
+/// binomial argument); with fewer than 6 runs no pair reaches 95% and the whole range is given
+/// with the level it has. None for fewer than 2 runs.
+pub fn median_ci(runs: &[u64]) -> Option<Interval> {
+    let n = runs.len();
+    if n < 2 {
+        return None;
+    }
+    let mut v = runs.to_vec();
+    v.sort_unstable();
+    // P(Bin(n, 1/2) < j), summed term by term in f64 (n stays small).
+    let below = |j: usize| (0..j).map(|i| binomial(n, i)).sum::<f64>() / 2f64.powi(n as i32);
+    let mut j = 1;
+    while j < n / 2 && 1.0 - 2.0 * below(j + 1) >= 0.95 {
+        j += 1;
+    }
+    Some(Interval {
+        low: v[j - 1],
+        high: v[n - j],
+        level: 1.0 - 2.0 * below(j),
+    })
+}
+
+fn binomial(n: usize, k: usize) -> f64 {
+    (0..k).fold(1.0, |acc, i| acc * (n - i) as f64 / (i + 1) as f64)
+}
+
+/// A traced pass's wall times for a phase and what tracing cost.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct PassTimes {
+    /// Wall time per iteration of this pass.
+    pub wall_ns: Stats,
+    /// This pass's wall time over the untraced one (None: no untraced pass, or the phase is
+    /// under 1 ms, where a ratio is noise).
+    pub ratio: Option<Ratio>,
+}
+
+/// A ratio with its spread.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Ratio {
+    /// median / median.
+    pub median: f64,
+    /// The lowest it can be: fastest traced over slowest untraced.
+    pub low: f64,
+    /// The highest: slowest traced over fastest untraced.
+    pub high: f64,
+}
+
+impl Ratio {
+    /// `traced` against `untraced`.
+    pub fn of(traced: &Stats, untraced: &Stats) -> Option<Self> {
+        let r = |a: u64, b: u64| (b > 0).then(|| a as f64 / b as f64);
+        Some(Self {
+            median: r(traced.median, untraced.median)?,
+            low: r(traced.min, untraced.max)?,
+            high: r(traced.max, untraced.min)?,
+        })
+    }
+}
+
 /// Sampled-stack breakdown of a phase.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Sampled {
@@ -199,13 +281,16 @@ pub struct PhaseReport {
     /// Exact entry/exit breakdown.
     #[serde(default)]
     pub exact: Exact,
-    /// Wall time of one untraced iteration (no probe loaded), when one ran.
+    /// The pass `wall_ns` comes from: `untraced` whenever it ran.
+    #[serde(default = "untraced")]
+    pub wall_pass: Pass,
+    /// Confidence interval of the median of `wall_ns` (order statistics; its level is what
+    /// the iteration count allows, 95% from 6 iterations on).
     #[serde(default)]
-    pub untraced_ns: Option<u64>,
-    /// Traced median / untraced: what observing cost this phase (only for phases of at least
-    /// 1 ms untraced: shorter ones are noise against a single reference iteration).
+    pub wall_ci: Option<Interval>,
+    /// The traced passes' wall times and what tracing cost against `wall_ns`.
     #[serde(default)]
-    pub overhead: Option<f64>,
+    pub passes: BTreeMap<Pass, PassTimes>,
     /// Counters.
     pub counters: Counters,
     /// Folded-stack file, relative to the report's directory (None: no stacks were sampled,
@@ -386,6 +471,22 @@ mod tests {
         );
         assert_eq!(Stats::of(vec![4, 1]).median, 2);
         assert_eq!(Stats::of(vec![]).median, 0);
+    }
+
+    #[test]
+    fn median_confidence_intervals() {
+        assert_eq!(median_ci(&[5]), None);
+        let three = median_ci(&[3, 1, 2]).unwrap();
+        assert_eq!((three.low, three.high), (1, 3));
+        assert!((three.level - 0.75).abs() < 1e-9);
+        let six = median_ci(&[6, 5, 4, 3, 2, 1]).unwrap();
+        assert_eq!((six.low, six.high), (1, 6));
+        assert!(six.level >= 0.95 && six.level < 0.97);
+        // With many runs the interval narrows to inner order statistics.
+        let v: Vec<u64> = (1..=20).collect();
+        let ci = median_ci(&v).unwrap();
+        assert_eq!((ci.low, ci.high), (6, 15));
+        assert!(ci.level >= 0.95);
     }
 
     #[test]

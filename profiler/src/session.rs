@@ -1,10 +1,10 @@
 //! A `dmaprof run` session: [`Session::prepare`] (output directory, privileges, plan, the
 //! single-instance lock, the device) and [`Session::execute`] (untraced reference, probes, each
 //! case's iterations, attribution, files), on the thread the probes watch.
-use std::{collections::BTreeMap, path::Path, time::Instant};
+use std::{path::Path, time::Instant};
 
 use crate::{
-    attribution::{self, CaseInput, Coverage},
+    attribution::{self, CaseInput, Coverage, PassRuns},
     device::{Device, DeviceError},
     dma::DmaContext,
     doctor::{self, Doctor},
@@ -15,11 +15,12 @@ use crate::{
     output::{self, OutDir, OutputError},
     plan::{self, Plan, PlanError, RunOptions},
     privileges,
+    probes::Pass,
     report::{self, Config, Failed, Report, Skipped, Timing},
     stop::{Control, Stage},
     symbols::KernelSymbols,
     sys::{self, FileLock, LockError},
-    workload::{self, PHASES, Phase, PhaseObserver, PhaseRun, WorkloadError},
+    workload::{self, PHASES, Phase, PhaseObserver, WorkloadError},
 };
 
 /// Most iterations per case: every (iteration, phase) pair needs its own slot in the BPF maps.
@@ -130,9 +131,6 @@ impl Session {
         control.enter(Stage::SetUp);
         let symbols = KernelSymbols::load().ok();
         let mut report = self.new_report(symbols.as_ref());
-        let started = Instant::now();
-        let untraced = self.reference_runs(control);
-        report.timing.reference_ns = started.elapsed().as_nanos() as u64;
         control.enter(Stage::Attaching);
         let started = Instant::now();
         let mut probes = self.attach(symbols.as_ref())?;
@@ -140,8 +138,8 @@ impl Session {
         report.timing.start_to_attached_ns = self.opts.started.elapsed().as_nanos() as u64;
         report.probes = probes.as_ref().map(|p| p.status.clone()).unwrap_or_default();
         let coverage = match &probes {
-            Some(p) => Coverage::of(&p.status),
-            None => Coverage::none("--no-trace: no probe was loaded"),
+            Some(p) => Coverage::of(&p.status, &self.opts.passes),
+            None => Coverage::none("no traced pass (--no-trace or --passes untraced): no probe was loaded"),
         };
         if let Err(why) = &coverage.exact {
             eprintln!("dmaprof: exact attribution unavailable: {why}");
@@ -156,8 +154,7 @@ impl Session {
                 report.partial = true;
                 break;
             }
-            let reference = untraced.get(&case.name()).map(Vec::as_slice);
-            let stop = self.measure_case(case, &mut report, &mut tracing, reference, control)?;
+            let stop = self.measure_case(case, &mut report, &mut tracing, control)?;
             if stop {
                 report.partial = true;
                 break;
@@ -192,8 +189,14 @@ impl Session {
                 freq_hz: o.freq_hz,
                 variants: o.variants.clone(),
                 prefaults: o.prefaults.clone(),
-                traced: !o.no_trace,
-                probes: if o.no_trace { Vec::new() } else { o.mechanisms.clone() },
+                traced_iterations: o.traced_iterations,
+                passes: o.passes.clone(),
+                traced: traced(&o.passes),
+                probes: if traced(&o.passes) {
+                    o.mechanisms.clone()
+                } else {
+                    Vec::new()
+                },
             },
             cases: Vec::new(),
             skipped: self.plan.skipped.clone(),
@@ -204,26 +207,13 @@ impl Session {
         }
     }
 
-    /// One untraced iteration per case before any probe is loaded, so the report can show what
-    /// tracing costs (traced / untraced) per phase.
-    fn reference_runs(&self, control: &Control) -> BTreeMap<String, Vec<PhaseRun>> {
-        let mut untraced = BTreeMap::new();
-        if self.opts.no_trace {
-            return untraced;
-        }
-        for case in &self.plan.run {
-            if let Ok(CaseRuns { runs, failure: None }) = self.run_case(case, 1, None, control) {
-                untraced.extend(runs.into_iter().next().map(|r| (case.name(), r)));
-            }
-        }
-        untraced
-    }
-
+    /// Loads and attaches what the traced passes need, then detaches it again until a pass
+    /// asks for it (None: no traced pass).
     fn attach(&self, symbols: Option<&KernelSymbols>) -> Result<Option<Probes>, AttachError> {
-        if self.opts.no_trace {
+        if self.opts.passes.iter().all(|p| *p == Pass::Untraced) {
             return Ok(None);
         }
-        let probes = loader::attach(&Request {
+        let mut probes = loader::attach(&Request {
             tid: sys::gettid(),
             freq_hz: self.opts.freq_hz,
             mechanisms: &self.opts.mechanisms,
@@ -231,6 +221,7 @@ impl Session {
             sample_map_entries: self.opts.sample_map_entries,
             rows: None,
         })?;
+        probes.set_groups(&[])?;
         Ok(Some(probes))
     }
 
@@ -241,13 +232,11 @@ impl Session {
         case: &Case,
         report: &mut Report,
         tracing: &mut Tracing,
-        reference: Option<&[PhaseRun]>,
         control: &Control,
     ) -> Result<bool, RunError> {
         let mut probes = tracing.probes.as_deref_mut();
         let name = case.name();
-        let CaseRuns { runs, failure } = match self.run_case(case, self.opts.iterations, probes.as_deref_mut(), control)
-        {
+        let CaseRuns { runs, failure } = match self.run_case(case, probes.as_deref_mut(), control) {
             Ok(r) => r,
             Err(CaseError::Skip(reason)) => {
                 eprintln!("dmaprof: skipping {name}: {reason}");
@@ -263,7 +252,10 @@ impl Session {
         };
         control.enter(Stage::Reporting(name.clone()));
         let (drained, rows) = match probes {
-            Some(p) => (p.drain(attribution::slots(self.opts.iterations))?, p.attached_rows()),
+            Some(p) => (
+                p.drain(attribution::slots(2 * self.opts.traced_iterations))?,
+                p.attached_rows(),
+            ),
             None => (Drained::default(), Vec::new()),
         };
         if !runs.is_empty() {
@@ -274,7 +266,6 @@ impl Session {
             let out = attribution::case_report(&CaseInput {
                 workload: &workload,
                 runs: &runs,
-                untraced: reference,
                 drained: &drained,
                 symbols: tracing.symbols,
                 rows: &rows,
@@ -298,14 +289,9 @@ impl Session {
     }
 
     /// Reserves what `case` needs, sets up its DMA context, runs one discarded warm-up
-    /// iteration, then `iterations` iterations, traced into `probes` if given.
-    fn run_case(
-        &self,
-        case: &Case,
-        iterations: u32,
-        mut probes: Option<&mut Probes>,
-        control: &Control,
-    ) -> Result<CaseRuns, CaseError> {
+    /// iteration, then the passes' iterations in their interleaved order, each pass with its
+    /// probes attached and the others detached.
+    fn run_case(&self, case: &Case, mut probes: Option<&mut Probes>, control: &Control) -> Result<CaseRuns, CaseError> {
         control.enter(Stage::Opening(case.name()));
         let size = self.opts.size;
         let _reservation = match case.backing.hugetlb_kb() {
@@ -315,32 +301,50 @@ impl Session {
             ),
             None => None,
         };
-        let traced = if probes.is_some() { "traced" } else { "untraced" };
-        eprintln!("dmaprof: {} {traced} ({iterations} x {size})", case.name());
+        let steps = schedule(&self.opts.passes, self.opts.iterations, self.opts.traced_iterations);
+        eprintln!("dmaprof: {} ({} iterations x {size})", case.name(), steps.len());
         let mut dma = self.dma_context(case)?;
         let workload = Workload { case: *case, size };
         // Warm up untraced and discard: first touches of fresh (or freshly reserved) memory
         // are many times slower and would make every first iteration an outlier.
         let mut warm = SlotObserver::new(None, 0, control, case);
+        let mut runs = PassRuns::new();
         if let Err(e) = workload::run_iteration(&workload, dma.as_mut(), &mut warm, control.cancel_flag()) {
-            return Ok(CaseRuns {
-                runs: Vec::new(),
-                failure: Some(e),
-            });
+            return Ok(CaseRuns { runs, failure: Some(e) });
         }
-        let mut runs = Vec::new();
-        for iteration in 0..iterations {
-            let mut obs = SlotObserver::new(probes.as_deref_mut(), iteration, control, case);
+        let mut current = Pass::Untraced;
+        for (pass, index) in steps {
+            if let Some(p) = probes.as_deref_mut().filter(|_| pass != current) {
+                p.set_groups(pass.groups()).map_err(CaseError::Probes)?;
+                current = pass;
+            }
+            // The untraced pass switches no phase slot: not even a map update may touch it.
+            let slot_iteration = self.slot_iteration(pass, index);
+            let traced = probes.as_deref_mut().filter(|_| slot_iteration.is_some());
+            let mut obs = SlotObserver::new(traced, slot_iteration.unwrap_or(0), control, case);
             let r = workload::run_iteration(&workload, dma.as_mut(), &mut obs, control.cancel_flag());
             if let Some(e) = obs.error.take() {
                 return Err(CaseError::Probes(e));
             }
             match r {
-                Ok(r) => runs.push(r),
+                Ok(r) => runs.entry(pass).or_default().push((slot_iteration.unwrap_or(index), r)),
                 Err(e) => return Ok(CaseRuns { runs, failure: Some(e) }),
             }
         }
+        if let Some(p) = probes {
+            p.set_groups(&[]).map_err(CaseError::Probes)?;
+        }
         Ok(CaseRuns { runs, failure: None })
+    }
+
+    /// Which slot-iteration a traced pass's `index`-th iteration records into (the exact pass
+    /// first, then the sampled one); None for the untraced pass.
+    fn slot_iteration(&self, pass: Pass, index: u32) -> Option<u32> {
+        match pass {
+            Pass::Untraced => None,
+            Pass::Exact => Some(index),
+            Pass::Sampled => Some(self.opts.traced_iterations + index),
+        }
     }
 
     fn dma_context(&self, case: &Case) -> Result<Option<DmaContext>, CaseError> {
@@ -400,10 +404,33 @@ impl PhaseObserver for SlotObserver<'_> {
     }
 }
 
-/// The iterations of one case that ran, and what stopped the rest.
+/// Whether any pass attaches probes.
+fn traced(passes: &[Pass]) -> bool {
+    passes.iter().any(|p| *p != Pass::Untraced)
+}
+
+/// The iterations of one case that ran, by pass, and what stopped the rest.
 struct CaseRuns {
-    runs: Vec<Vec<PhaseRun>>,
+    runs: PassRuns,
     failure: Option<WorkloadError>,
+}
+
+/// The order a case's iterations run in: round by round, each round every pass that still has
+/// iterations to run, starting one pass later each round, so that drift over the case (caches,
+/// fragmentation, the host) reaches every pass alike.
+pub fn schedule(passes: &[Pass], untraced: u32, traced: u32) -> Vec<(Pass, u32)> {
+    let count = |p: Pass| if p == Pass::Untraced { untraced } else { traced };
+    let rounds = passes.iter().map(|p| count(*p)).max().unwrap_or(0);
+    let mut out = Vec::new();
+    for round in 0..rounds {
+        for i in 0..passes.len() {
+            let pass = passes[(i + round as usize) % passes.len()];
+            if round < count(pass) {
+                out.push((pass, round));
+            }
+        }
+    }
+    out
 }
 
 /// Why a case did not run at all.
@@ -414,4 +441,21 @@ enum CaseError {
     Fail(String),
     /// The probes broke: the whole run stops.
     Probes(AttachError),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passes_interleave_and_rotate() {
+        use Pass::{Exact as E, Sampled as S, Untraced as U};
+        assert_eq!(
+            schedule(&[U, E, S], 3, 2),
+            [(U, 0), (E, 0), (S, 0), (E, 1), (S, 1), (U, 1), (U, 2)]
+        );
+        assert_eq!(schedule(&[U], 2, 9), [(U, 0), (U, 1)]);
+        assert_eq!(schedule(&[E, S], 5, 1), [(E, 0), (S, 0)]);
+        assert!(schedule(&[], 3, 3).is_empty());
+    }
 }

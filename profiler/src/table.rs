@@ -3,7 +3,7 @@ use std::fmt::Write as _;
 
 use crate::{
     category::{CATEGORIES, Category},
-    probes::{AttachedBy, Mechanism, NOT_REQUESTED},
+    probes::{AttachedBy, Mechanism, NOT_REQUESTED, Pass},
     report::{CaseReport, PhaseReport, Report},
     size::HumanSize,
 };
@@ -50,12 +50,12 @@ fn header(report: &Report) -> String {
     };
     let _ = writeln!(
         out,
-        "dmaprof on Linux {} ({}), {} per case, {} iterations, {how}{partial}",
+        "dmaprof on Linux {} ({}), {} per case, {how}{partial}",
         report.kernel.release,
         report.kernel.machine,
         HumanSize(c.size_bytes),
-        c.iterations,
     );
+    let _ = writeln!(out, "{}", passes_line(report));
     let unavailable = report
         .cases
         .iter()
@@ -86,6 +86,32 @@ fn header(report: &Report) -> String {
     out
 }
 
+/// How many iterations each pass ran, and the confidence level of the headline medians.
+fn passes_line(report: &Report) -> String {
+    let c = &report.config;
+    let runs: Vec<String> = c
+        .passes
+        .iter()
+        .map(|p| match p {
+            Pass::Untraced => format!("{} untraced", c.iterations),
+            p => format!("{} {p}", c.traced_iterations),
+        })
+        .collect();
+    let level = report
+        .cases
+        .iter()
+        .flat_map(|c| &c.phases)
+        .find_map(|p| p.wall_ci)
+        .map(|ci| ci.level);
+    let ci = level.map_or(String::new(), |l| {
+        format!(
+            "; ci: {:.0}% confidence interval of the median (order statistics)",
+            l * 100.0
+        )
+    });
+    format!("passes per case: {} iterations, interleaved{ci}", runs.join(" + "))
+}
+
 fn case_table(case: &CaseReport) -> String {
     let mut out = String::new();
     match &case.map_ioctl {
@@ -94,8 +120,17 @@ fn case_table(case: &CaseReport) -> String {
     }
     let _ = write!(
         out,
-        "  {:<13}{:>10}{:>10}{:>10}{:>8}{:>8}{:>11}{:>15}{:>8}",
-        "phase", "median ms", "min ms", "max ms", "GiB/s", "traced", "syscall ms", "faults cpu/min", "samples"
+        "  {:<13}{:>10}{:>10}{:>10}{:>8}{:>8}{:>8}{:>11}{:>15}{:>8}",
+        "phase",
+        "median ms",
+        "ci low",
+        "ci high",
+        "GiB/s",
+        "exact x",
+        "smpl x",
+        "syscall ms",
+        "faults cpu/min",
+        "samples"
     );
     for c in CATEGORIES {
         let _ = write!(out, " {:>9}", c.short());
@@ -123,13 +158,14 @@ fn phase_row(p: &PhaseReport) -> String {
     };
     let _ = write!(
         out,
-        "  {:<13}{:>10}{:>10}{:>10}{:>8}{:>8}{:>11}{:>15}{:>8}",
+        "  {:<13}{:>10}{:>10}{:>10}{:>8}{:>8}{:>8}{:>11}{:>15}{:>8}",
         p.name.name(),
         ms(p.wall_ns.median),
-        ms(p.wall_ns.min),
-        ms(p.wall_ns.max),
+        p.wall_ci.map_or("-".into(), |c| ms(c.low)),
+        p.wall_ci.map_or("-".into(), |c| ms(c.high)),
         gib,
-        p.overhead.map_or("-".into(), |o| format!("x{o:.2}")),
+        ratio(p, Pass::Exact),
+        ratio(p, Pass::Sampled),
         p.kernel_ns.as_ref().map_or("-".into(), |k| ms(k.median)),
         faults(p),
         samples
@@ -143,6 +179,14 @@ fn phase_row(p: &PhaseReport) -> String {
     }
     out.push('\n');
     out
+}
+
+/// What a traced pass cost this phase (median ratio to the untraced pass), or `-`.
+fn ratio(p: &PhaseReport, pass: Pass) -> String {
+    p.passes
+        .get(&pass)
+        .and_then(|t| t.ratio)
+        .map_or("-".into(), |r| format!("x{:.2}", r.median))
 }
 
 /// CPU faults (tracepoint) / minor faults (getrusage, GUP-driven ones included); `-` for what
@@ -159,7 +203,7 @@ fn exact_row(p: &PhaseReport) -> String {
     if !p.exact.available || p.exact.wall_ns == 0 {
         return out;
     }
-    let _ = write!(out, "  {:<13}{:>10}{:>70}", "  exact", ms(p.exact.wall_ns), "");
+    let _ = write!(out, "  {:<13}{:>10}{:>78}", "  exact", ms(p.exact.wall_ns), "");
     let wall = p.exact.wall_ns as f64;
     for c in CATEGORIES {
         let v = match c {

@@ -324,6 +324,60 @@ fn no_trace_claims_nothing_it_did_not_measure() {
 }
 
 #[test]
+fn passes_run_separately_and_the_headline_is_untraced() {
+    let _serial = serial();
+    if !can_run("passes_run_separately_and_the_headline_is_untraced") {
+        return;
+    }
+    let args = [
+        "-b",
+        "64M",
+        "-v",
+        "none_anonymous.populate",
+        "-n",
+        "4",
+        "--traced-iterations",
+        "2",
+    ];
+    let (r, dir) = run_json("passes", &args);
+    assert_eq!(
+        r["config"]["passes"],
+        serde_json::json!(["untraced", "exact", "sampled"])
+    );
+    let mmap = phase(case(&r, "none_anonymous.populate"), "mmap");
+    assert_eq!(mmap["wall_pass"], "untraced");
+    assert_eq!(
+        mmap["wall_ns"]["runs"].as_array().unwrap().len(),
+        4,
+        "headline from the untraced pass"
+    );
+    let ci = &mmap["wall_ci"];
+    assert!(num(&ci["low"], "ci low") <= num(&mmap["wall_ns"]["median"], "median"));
+    assert!(ci["level"].as_f64().unwrap() > 0.8, "{ci}");
+    for pass in ["exact", "sampled"] {
+        let p = &mmap["passes"][pass];
+        assert_eq!(p["wall_ns"]["runs"].as_array().unwrap().len(), 2, "{pass}: {p}");
+        assert!(p["ratio"]["median"].as_f64().unwrap() > 0.5, "{pass}: {p}");
+    }
+    assert!(
+        num(&mmap["sampled"]["samples"], "samples") > 0,
+        "the sampled pass samples"
+    );
+    fs::remove_dir_all(dir).unwrap();
+    // Without the untraced pass the headline says which pass it comes from; without the exact
+    // pass there is no exact breakdown and no syscall time.
+    let (r, dir) = run_json(
+        "passes2",
+        &["-b", "16M", "-v", "none_anonymous.populate", "--passes", "sampled"],
+    );
+    let mmap = phase(case(&r, "none_anonymous.populate"), "mmap");
+    assert_eq!(mmap["wall_pass"], "sampled");
+    assert!(mmap["exact"]["unavailable"].as_str().unwrap().contains("--passes"));
+    assert!(mmap["kernel_ns"].is_null() && mmap["passes"].as_object().unwrap().len() == 1);
+    fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
 fn report_shape_folded_and_svg_files() {
     let _serial = serial();
     if !can_run("report_shape_folded_and_svg_files") {
