@@ -162,9 +162,11 @@ struct RowPlan {
 }
 
 /// Loads the object with the workload thread's id and the bpf() syscall number filled in.
-pub fn load(tid: u32, sample_map_entries: Option<u32>) -> Result<Ebpf, AttachError> {
+/// The kernel's BTF is parsed once and given to the loader (which would parse it again).
+pub fn load(tid: u32, sample_map_entries: Option<u32>, btf: Option<&Btf>) -> Result<Ebpf, AttachError> {
     let ignored: i64 = libc::SYS_bpf;
     let mut loader = EbpfLoader::new();
+    loader.btf(btf);
     loader
         .override_global(abi::TARGET_TID_GLOBAL, &tid, true)
         .override_global(abi::IGNORED_SYSCALL_GLOBAL, &ignored, true);
@@ -239,8 +241,8 @@ pub struct Attacher<'e> {
 
 impl<'e> Attacher<'e> {
     /// An attacher for `ebpf` with the row mechanisms `fentry` and `kprobes` allowed.
-    pub fn new(ebpf: &'e mut Ebpf, fentry: bool, kprobes: bool) -> Self {
-        let btf = if fentry { Btf::from_sys_fs().ok() } else { None };
+    pub fn new(ebpf: &'e mut Ebpf, btf: Option<Btf>, fentry: bool, kprobes: bool) -> Self {
+        let btf = btf.filter(|_| fentry);
         let fentry_block = match (fentry, &btf) {
             (false, _) => Some("fentry not requested (--probes)".into()),
             (true, None) => Some("no kernel BTF (/sys/kernel/btf/vmlinux): fentry needs it".into()),
@@ -566,7 +568,7 @@ fn register_rows(ebpf: &mut Ebpf, symbols: &KernelSymbols, plans: &[RowPlan]) ->
 }
 
 /// Attaches the probe-table rows the request selects.
-fn attach_rows(ebpf: &mut Ebpf, req: &Request) -> Result<(Vec<ProbeStatus>, Vec<Hook>), AttachError> {
+fn attach_rows(ebpf: &mut Ebpf, btf: Option<Btf>, req: &Request) -> Result<(Vec<ProbeStatus>, Vec<Hook>), AttachError> {
     let (fentry, kprobes) = (
         req.mechanisms.contains(&Mechanism::Fentry),
         req.mechanisms.contains(&Mechanism::Kprobes),
@@ -582,7 +584,7 @@ fn attach_rows(ebpf: &mut Ebpf, req: &Request) -> Result<(Vec<ProbeStatus>, Vec<
             .collect();
         return Ok((status, Vec::new()));
     }
-    let mut attacher = Attacher::new(ebpf, fentry, kprobes);
+    let mut attacher = Attacher::new(ebpf, btf, fentry, kprobes);
     let (plans, mut status) = plan_rows(req, attacher.btf.as_ref(), wanted);
     if let Some(symbols) = req.symbols {
         register_rows(attacher.ebpf, symbols, &plans)?;
@@ -593,7 +595,7 @@ fn attach_rows(ebpf: &mut Ebpf, req: &Request) -> Result<(Vec<ProbeStatus>, Vec<
 
 /// Attaches the tracepoints and the sampler the request selects.
 fn attach_events(ebpf: &mut Ebpf, req: &Request) -> (Vec<ProbeStatus>, Vec<Hook>) {
-    let mut attacher = Attacher::new(ebpf, false, false);
+    let mut attacher = Attacher::new(ebpf, None, false, false);
     let mut status = Vec::new();
     for tp in TRACEPOINTS {
         let result = if req.mechanisms.contains(&Mechanism::Tracepoints) {
@@ -625,8 +627,9 @@ fn attach_events(ebpf: &mut Ebpf, req: &Request) -> (Vec<ProbeStatus>, Vec<Hook>
 /// Plans, loads and attaches what `req` asks for, and returns the activated probes. A probe
 /// that cannot attach is recorded in `status`; only a failed load is an error.
 pub fn attach(req: &Request) -> Result<Probes, AttachError> {
-    let mut ebpf = load(req.tid, req.sample_map_entries)?;
-    let (mut status, mut hooks) = attach_rows(&mut ebpf, req)?;
+    let btf = Btf::from_sys_fs().ok();
+    let mut ebpf = load(req.tid, req.sample_map_entries, btf.as_ref())?;
+    let (mut status, mut hooks) = attach_rows(&mut ebpf, btf, req)?;
     let (events, event_hooks) = attach_events(&mut ebpf, req);
     status.extend(events);
     hooks.extend(event_hooks);

@@ -1,33 +1,43 @@
-//! Kernel symbol resolution from /proc/kallsyms (through aya), read once per run.
-use std::collections::{BTreeMap, HashMap};
+//! Kernel symbol resolution from /proc/kallsyms, read once per run. Only text symbols (types
+//! `t`/`T`) are kept: a data symbol (e.g. `orc_header` with CONFIG_KALLSYMS_ALL) between two
+//! functions must never name a stack frame.
+use std::collections::BTreeMap;
 
-/// Kernel symbols by start address, and by name.
+/// Kernel function symbols by start address, and by name.
 pub struct KernelSymbols {
     by_addr: BTreeMap<u64, String>,
-    by_name: HashMap<String, Vec<u64>>,
+    by_name: BTreeMap<String, Vec<u64>>,
 }
 
 impl KernelSymbols {
     /// Reads /proc/kallsyms. Addresses read as 0 (kptr_restrict) make every lookup fail, which
     /// is reported rather than hidden: frames then print as hex.
     pub fn load() -> std::io::Result<Self> {
-        // Module symbols read `name\t[module]`: keep the function name only.
-        Ok(Self::from_pairs(
-            aya::util::kernel_symbols()?
-                .into_iter()
-                .map(|(a, n)| (a, n.split('\t').next().unwrap_or_default().to_owned()))
-                .collect(),
-        ))
+        Ok(Self::parse(&std::fs::read_to_string("/proc/kallsyms")?))
+    }
+
+    /// Parses kallsyms text (`address type name [module]` lines), keeping text symbols.
+    pub fn parse(text: &str) -> Self {
+        let pairs = text.lines().filter_map(|line| {
+            let mut f = line.split_ascii_whitespace();
+            let addr = u64::from_str_radix(f.next()?, 16).ok()?;
+            let kind = f.next()?;
+            let name = f.next()?;
+            matches!(kind, "t" | "T").then(|| (addr, name.to_owned()))
+        });
+        Self::from_pairs(pairs.collect())
     }
 
     /// Symbols from (address, name) pairs.
     pub fn from_pairs(pairs: Vec<(u64, String)>) -> Self {
-        let by_addr: BTreeMap<u64, String> = pairs.into_iter().collect();
-        let mut by_name: HashMap<String, Vec<u64>> = HashMap::new();
-        for (addr, name) in &by_addr {
+        let mut by_name: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+        for (addr, name) in &pairs {
             by_name.entry(name.clone()).or_default().push(*addr);
         }
-        Self { by_addr, by_name }
+        Self {
+            by_addr: pairs.into_iter().collect(),
+            by_name,
+        }
     }
 
     /// Whether any symbol has a real address.
@@ -35,7 +45,7 @@ impl KernelSymbols {
         self.by_addr.keys().next_back().is_some_and(|a| *a != 0)
     }
 
-    /// Whether a symbol is exactly `name`.
+    /// Whether a function is exactly `name`.
     pub fn has(&self, name: &str) -> bool {
         self.by_name.contains_key(name)
     }
@@ -44,14 +54,13 @@ impl KernelSymbols {
     /// (`name.isra.0`, `name.constprop.0`), each with its addresses (static functions can share
     /// a name across modules).
     pub fn lookup(&self, name: &str) -> Vec<(&str, &[u64])> {
-        let mut out: Vec<(&str, &[u64])> = self
-            .by_name
-            .iter()
+        // `name` and every `name.<suffix>` sort between `name` and `name/` ('/' follows '.').
+        let end = format!("{name}/");
+        self.by_name
+            .range::<str, _>((std::ops::Bound::Included(name), std::ops::Bound::Excluded(end.as_str())))
             .filter(|(n, _)| *n == name || n.strip_prefix(name).is_some_and(|rest| rest.starts_with('.')))
             .map(|(n, a)| (n.as_str(), a.as_slice()))
-            .collect();
-        out.sort();
-        out
+            .collect()
     }
 
     /// The function containing `addr`, or the address in hex.
@@ -60,5 +69,47 @@ impl KernelSymbols {
             Some((_, name)) if self.usable() => name.clone(),
             _ => format!("0x{addr:x}"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KALLSYMS: &str = "\
+ffffffff81000000 T _stext
+ffffffff81001000 T handle_mm_fault
+ffffffff81002000 d orc_header
+ffffffff81003000 t pin_user_pages_remote.isra.0
+ffffffff81004000 T pin_user_pages_remote
+ffffffff81005000 T pin_user_pages_remote_x
+ffffffffc0001000 t vfio_pin_pages_remote\t[vfio_iommu_type1]
+ffffffffc0002000 r __ksymtab_x\t[vfio_iommu_type1]
+";
+
+    #[test]
+    fn text_symbols_only_and_module_names_stripped() {
+        let s = KernelSymbols::parse(KALLSYMS);
+        assert!(s.usable());
+        // The data symbol between two functions does not take the frame.
+        assert_eq!(s.resolve(0xffffffff81002010), "handle_mm_fault");
+        assert_eq!(s.resolve(0xffffffffc0001010), "vfio_pin_pages_remote");
+        assert!(!s.has("orc_header") && !s.has("__ksymtab_x"));
+    }
+
+    #[test]
+    fn lookup_finds_the_function_and_its_clones_only() {
+        let s = KernelSymbols::parse(KALLSYMS);
+        let names: Vec<&str> = s.lookup("pin_user_pages_remote").iter().map(|(n, _)| *n).collect();
+        assert_eq!(names, ["pin_user_pages_remote", "pin_user_pages_remote.isra.0"]);
+        assert!(s.lookup("pin_user_pages").is_empty());
+        assert_eq!(s.lookup("vfio_pin_pages_remote")[0].1, [0xffffffffc0001000]);
+    }
+
+    #[test]
+    fn hidden_addresses_resolve_to_hex() {
+        let s = KernelSymbols::parse("0000000000000000 T handle_mm_fault\n");
+        assert!(!s.usable());
+        assert_eq!(s.resolve(0x10), "0x10");
     }
 }
