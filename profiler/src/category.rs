@@ -170,6 +170,8 @@ pub const CATEGORY_RULES: &[(&str, Category)] = &[
 
 /// Category of one kernel function name per [`CATEGORY_RULES`], if the table knows it.
 pub fn category_of(function: &str) -> Option<Category> {
+    // A module frame reads `func [module]`; the table names functions.
+    let function = function.split_once(" [").map_or(function, |(f, _)| f);
     CATEGORY_RULES.iter().find_map(|(pattern, cat)| {
         let hit = match pattern.strip_suffix('*') {
             Some(prefix) => function.starts_with(prefix),
@@ -271,6 +273,10 @@ mod tests {
             Category::Accounting
         );
         assert_eq!(classify(["unmap_page_range", "do_syscall_64"]), Category::Other);
+        assert_eq!(
+            classify(["vfio_pin_pages_remote [vfio_iommu_type1]"]),
+            Category::Pinning
+        );
         assert_eq!(classify([]), Category::User);
     }
 

@@ -17,22 +17,27 @@ impl KernelSymbols {
     }
 
     /// Parses kallsyms text (`address type name [module]` lines), keeping text symbols.
+    /// Module functions are named `func [module]` in frames, as the kernel prints them.
     pub fn parse(text: &str) -> Self {
         let pairs = text.lines().filter_map(|line| {
             let mut f = line.split_ascii_whitespace();
             let addr = u64::from_str_radix(f.next()?, 16).ok()?;
             let kind = f.next()?;
             let name = f.next()?;
-            matches!(kind, "t" | "T").then(|| (addr, name.to_owned()))
+            let name = match f.next() {
+                Some(module) => format!("{name} {module}"),
+                None => name.to_owned(),
+            };
+            matches!(kind, "t" | "T").then_some((addr, name))
         });
         Self::from_pairs(pairs.collect())
     }
 
-    /// Symbols from (address, name) pairs.
+    /// Symbols from (address, name) pairs; a name may carry its ` [module]`.
     pub fn from_pairs(pairs: Vec<(u64, String)>) -> Self {
         let mut by_name: BTreeMap<String, Vec<u64>> = BTreeMap::new();
         for (addr, name) in &pairs {
-            by_name.entry(name.clone()).or_default().push(*addr);
+            by_name.entry(function_name(name).to_owned()).or_default().push(*addr);
         }
         Self {
             by_addr: pairs.into_iter().collect(),
@@ -72,6 +77,11 @@ impl KernelSymbols {
     }
 }
 
+/// The function of a frame name, without its ` [module]`.
+pub fn function_name(frame: &str) -> &str {
+    frame.split_once(" [").map_or(frame, |(f, _)| f)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -93,7 +103,11 @@ ffffffffc0002000 r __ksymtab_x\t[vfio_iommu_type1]
         assert!(s.usable());
         // The data symbol between two functions does not take the frame.
         assert_eq!(s.resolve(0xffffffff81002010), "handle_mm_fault");
-        assert_eq!(s.resolve(0xffffffffc0001010), "vfio_pin_pages_remote");
+        assert_eq!(
+            s.resolve(0xffffffffc0001010),
+            "vfio_pin_pages_remote [vfio_iommu_type1]"
+        );
+        assert!(s.has("vfio_pin_pages_remote"));
         assert!(!s.has("orc_header") && !s.has("__ksymtab_x"));
     }
 
