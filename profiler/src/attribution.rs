@@ -411,6 +411,7 @@ mod tests {
                 prefault: Prefault::None,
             },
             size: "1M".parse().unwrap(),
+            thp: crate::matrix::Thp::System,
         };
         // Two untraced iterations, one exact (slot iteration 0), one sampled (slot iteration 1).
         let untraced = |map| vec![run(Phase::Mmap, 999_999), run(Phase::Map, map), run(Phase::Unmap, 50)];

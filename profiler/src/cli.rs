@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 use crate::{
-    matrix::Prefault,
+    matrix::{Prefault, Thp},
     plan::RunOptions,
     probes::{Mechanism, Pass},
     session::MAX_ITERATIONS,
@@ -116,6 +116,11 @@ pub struct RunArgs {
     /// `RUST_LOG=debug` does the same. They are counted in the report either way.
     #[arg(long)]
     pub debug: bool,
+    /// Transparent huge pages for the anonymous and memfd backings: `system` (as configured),
+    /// `never` (MADV_NOHUGEPAGE: 4 KiB pages), `always` (MADV_HUGEPAGE). With populate, the
+    /// advice goes first and MADV_POPULATE_WRITE populates.
+    #[arg(long, default_value = "system")]
+    pub thp: Thp,
     /// Testing: entries of the sampled-stack map (a tiny map forces lost samples).
     #[arg(long, hide = true)]
     pub sample_map_entries: Option<u32>,
@@ -144,6 +149,7 @@ impl RunArgs {
             bind: self.bind,
             sample_map_entries: self.sample_map_entries,
             mechanisms: self.mechanisms.clone(),
+            thp: self.thp,
             started,
         }
     }

@@ -96,6 +96,20 @@ pub struct KernelInfo {
     /// Kernel changes that move DMA-map time, as seen in /proc/kallsyms.
     #[serde(default)]
     pub features: Vec<KernelFeature>,
+    /// Transparent huge page settings (the selected value of each sysfs file).
+    #[serde(default)]
+    pub thp: ThpSettings,
+}
+
+/// /sys/kernel/mm/transparent_hugepage settings; None where the file is missing.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ThpSettings {
+    /// `enabled`: always, madvise or never (anonymous memory).
+    pub enabled: Option<String>,
+    /// `shmem_enabled` (memfd backings).
+    pub shmem_enabled: Option<String>,
+    /// `defrag`.
+    pub defrag: Option<String>,
 }
 
 /// One kernel change and whether this kernel has it.

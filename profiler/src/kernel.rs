@@ -2,7 +2,7 @@
 //! the symbols it exports.
 use std::{collections::BTreeSet, fs};
 
-use crate::facts::{KernelFeature, KernelInfo};
+use crate::facts::{KernelFeature, KernelInfo, ThpSettings};
 
 /// uname(2), with no features judged yet.
 pub fn info() -> KernelInfo {
@@ -21,6 +21,23 @@ pub fn info() -> KernelInfo {
         version: field(&u.version),
         machine: field(&u.machine),
         features: Vec::new(),
+        thp: thp_settings(),
+    }
+}
+
+/// The selected value of a sysfs choice file (`always [madvise] never` -> `madvise`).
+pub fn selected(text: &str) -> Option<String> {
+    let word = text.split_whitespace().find(|w| w.starts_with('['))?;
+    Some(word.trim_matches(['[', ']']).to_owned())
+}
+
+/// The transparent huge page settings.
+pub fn thp_settings() -> ThpSettings {
+    let read = |f: &str| fs::read_to_string(format!("/sys/kernel/mm/transparent_hugepage/{f}")).ok();
+    ThpSettings {
+        enabled: read("enabled").as_deref().and_then(selected),
+        shmem_enabled: read("shmem_enabled").as_deref().and_then(selected),
+        defrag: read("defrag").as_deref().and_then(selected),
     }
 }
 
@@ -142,6 +159,16 @@ pub fn features() -> Vec<KernelFeature> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sysfs_choices() {
+        assert_eq!(selected("always [madvise] never\n").as_deref(), Some("madvise"));
+        assert_eq!(
+            selected("[always] within_size advise never deny force").as_deref(),
+            Some("always")
+        );
+        assert_eq!(selected("always madvise never"), None);
+    }
 
     #[test]
     fn rules_judge_with_and_without() {

@@ -183,6 +183,31 @@ impl Case {
     }
 }
 
+/// Transparent huge pages for the base-page backings (`anonymous`, `memfd`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum, strum::Display)]
+#[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
+pub enum Thp {
+    /// Whatever the system's settings give (the guest's custom kernel: THP `always`).
+    #[default]
+    System,
+    /// MADV_NOHUGEPAGE on the buffer: 4 KiB pages, really.
+    Never,
+    /// MADV_HUGEPAGE on the buffer.
+    Always,
+}
+
+impl Thp {
+    /// The madvise advice, if any.
+    pub fn advice(self) -> Option<libc::c_int> {
+        match self {
+            Thp::System => None,
+            Thp::Never => Some(libc::MADV_NOHUGEPAGE),
+            Thp::Always => Some(libc::MADV_HUGEPAGE),
+        }
+    }
+}
+
 /// What one iteration runs: a case at a size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Workload {
@@ -190,6 +215,8 @@ pub struct Workload {
     pub case: Case,
     /// Buffer size.
     pub size: ByteSize,
+    /// Transparent huge pages for base-page backings.
+    pub thp: Thp,
 }
 
 /// The whole matrix, in run order (mode, then backing, then prefault).

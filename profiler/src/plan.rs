@@ -4,7 +4,7 @@ use std::{path::PathBuf, time::Instant};
 
 use crate::{
     facts::{Capabilities, CapabilityId, has},
-    matrix::{self, Case, DmaMode, Prefault},
+    matrix::{self, Case, DmaMode, Prefault, Thp},
     probes::{Mechanism, Pass},
     report::Skipped,
     size::{ByteSize, HumanSize},
@@ -40,6 +40,8 @@ pub struct RunOptions {
     pub started: Instant,
     /// Which probe mechanisms to attach.
     pub mechanisms: Vec<Mechanism>,
+    /// Transparent huge pages for base-page backings.
+    pub thp: Thp,
 }
 
 /// Case selection and per-case skip reasons, decided before anything runs.
@@ -171,6 +173,7 @@ mod tests {
             sample_map_entries: None,
             started: Instant::now(),
             mechanisms: Vec::new(),
+            thp: Thp::System,
         }
     }
 

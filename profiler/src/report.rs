@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     category::Category,
     facts::{Capabilities, KernelInfo},
-    matrix::{Backing, DmaMode, Prefault},
+    matrix::{Backing, DmaMode, Prefault, Thp},
     probes::{AmountUnit, AttachedBy, Mechanism, Pass, ProbeStatus},
     workload::Phase,
 };
@@ -89,6 +89,9 @@ pub struct Config {
     /// The probe mechanisms requested (`--probes`).
     #[serde(default)]
     pub probes: Vec<Mechanism>,
+    /// `--thp`.
+    #[serde(default)]
+    pub thp: Thp,
 }
 
 fn yes() -> bool {

@@ -197,6 +197,7 @@ impl Session {
                 } else {
                     Vec::new()
                 },
+                thp: o.thp,
             },
             cases: Vec::new(),
             skipped: self.plan.skipped.clone(),
@@ -262,6 +263,7 @@ impl Session {
             let workload = Workload {
                 case: *case,
                 size: self.opts.size,
+                thp: self.opts.thp,
             };
             let out = attribution::case_report(&CaseInput {
                 workload: &workload,
@@ -304,7 +306,11 @@ impl Session {
         let steps = schedule(&self.opts.passes, self.opts.iterations, self.opts.traced_iterations);
         eprintln!("dmaprof: {} ({} iterations x {size})", case.name(), steps.len());
         let mut dma = self.dma_context(case)?;
-        let workload = Workload { case: *case, size };
+        let workload = Workload {
+            case: *case,
+            size,
+            thp: self.opts.thp,
+        };
         // Warm up untraced and discard: first touches of fresh (or freshly reserved) memory
         // are many times slower and would make every first iteration an outlier.
         let mut warm = SlotObserver::new(None, 0, control, case);

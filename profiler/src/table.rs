@@ -56,6 +56,16 @@ fn header(report: &Report) -> String {
         HumanSize(c.size_bytes),
     );
     let _ = writeln!(out, "{}", passes_line(report));
+    let t = &report.kernel.thp;
+    let word = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
+    let _ = writeln!(
+        out,
+        "THP: enabled {}, shmem {}, defrag {}; --thp {}",
+        word(&t.enabled),
+        word(&t.shmem_enabled),
+        word(&t.defrag),
+        c.thp
+    );
     let unavailable = report
         .cases
         .iter()

@@ -153,6 +153,15 @@ fn huge_flag(backing: Backing) -> libc::c_int {
     }
 }
 
+/// madvise on our own mapping.
+fn madvise(addr: *mut libc::c_void, len: usize, advice: libc::c_int, call: &'static str) -> Result<(), WorkloadError> {
+    // SAFETY: addr/len are a mapping this iteration created; madvise only changes its policy.
+    if unsafe { libc::madvise(addr, len, advice) } != 0 {
+        return Err(last_error(call));
+    }
+    Ok(())
+}
+
 /// One iteration in progress: the phases measured so far and the buffer they work on.
 struct Iteration<'a> {
     w: &'a Workload,
@@ -226,7 +235,11 @@ impl Iteration<'_> {
         if backing.hugetlb_kb().is_some() && !backing.memfd() {
             flags |= libc::MAP_HUGETLB | huge_flag(backing);
         }
-        if case.prefault == Prefault::Populate {
+        // With a THP advice the populate must come after it: MADV_POPULATE_WRITE inside the
+        // same timed phase stands in for MAP_POPULATE.
+        let advice = self.w.thp.advice().filter(|_| backing.hugetlb_kb().is_none());
+        let populate = case.prefault == Prefault::Populate;
+        if populate && advice.is_none() {
             flags |= libc::MAP_POPULATE;
         }
         self.timed(Phase::Mmap, |buf| {
@@ -238,6 +251,12 @@ impl Iteration<'_> {
                 return Err(last_error("mmap"));
             }
             buf.addr = Some((addr, len));
+            if let Some(advice) = advice {
+                madvise(addr, len, advice, "madvise (--thp)")?;
+                if populate {
+                    madvise(addr, len, libc::MADV_POPULATE_WRITE, "madvise(MADV_POPULATE_WRITE)")?;
+                }
+            }
             Ok(())
         })
     }

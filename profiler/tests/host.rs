@@ -378,6 +378,51 @@ fn passes_run_separately_and_the_headline_is_untraced() {
 }
 
 #[test]
+fn thp_never_gives_4k_pages_and_always_huge_ones() {
+    let _serial = serial();
+    if !can_run("thp_never_gives_4k_pages_and_always_huge_ones") {
+        return;
+    }
+    let faults = |thp: &str| {
+        let args = [
+            "-b",
+            "64M",
+            "-v",
+            "none_anonymous.touch",
+            "-v",
+            "none_anonymous.populate",
+            "-n",
+            "1",
+        ];
+        let (r, dir) = run_json(&format!("thp-{thp}"), &[&args[..], &["--thp", thp]].concat());
+        assert_eq!(r["config"]["thp"], thp);
+        assert!(
+            r["kernel"]["thp"]["enabled"].is_string(),
+            "THP settings recorded: {}",
+            r["kernel"]
+        );
+        let touch = num(
+            &phase(case(&r, "none_anonymous.touch"), "touch")["counters"]["cpu_faults"],
+            "touch faults",
+        );
+        let populate = phase(case(&r, "none_anonymous.populate"), "mmap");
+        let populated = num(&populate["counters"]["minor_faults"], "populate faults");
+        fs::remove_dir_all(dir).unwrap();
+        (touch, populated)
+    };
+    assert_eq!(
+        faults("never"),
+        (16384, 16384),
+        "64 MiB of 4 KiB pages, touched and populated"
+    );
+    let (touch, populated) = faults("always");
+    assert!(
+        touch < 16384 / 4 && populated < 16384 / 4,
+        "mostly 2 MiB pages: {touch}, {populated}"
+    );
+}
+
+#[test]
 fn report_shape_folded_and_svg_files() {
     let _serial = serial();
     if !can_run("report_shape_folded_and_svg_files") {
