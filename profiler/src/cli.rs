@@ -14,7 +14,12 @@ use crate::{
 
 /// dmaprof's arguments.
 #[derive(Parser)]
-#[command(name = "dmaprof", version, about = "Tells a kernel developer why a DMA map is slow")]
+#[command(
+    name = "dmaprof",
+    version,
+    about = "Tells a kernel developer why a DMA map is slow",
+    arg_required_else_help = true
+)]
 pub struct Cli {
     /// The subcommand.
     #[command(subcommand)]

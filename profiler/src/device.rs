@@ -145,6 +145,23 @@ fn bind_vfio(bdf: &str) -> Result<(), DeviceError> {
     }
 }
 
+/// Checks, without changing anything, that `bdf` exists and is bound to vfio-pci (or that
+/// `bind` may bind it): a bad `-d` is a usage error before anything runs.
+pub fn check(bdf: &str, bind: bool) -> Result<String, DeviceError> {
+    let bdf = parse_bdf(bdf)?;
+    if !sysfs(&bdf).exists() {
+        return Err(DeviceError::NotFound(bdf));
+    }
+    match driver_of(&bdf) {
+        Some(d) if d == "vfio-pci" => Ok(bdf),
+        _ if bind => Ok(bdf),
+        other => Err(DeviceError::BoundElsewhere {
+            bdf,
+            driver: other.unwrap_or_else(|| "no driver".into()),
+        }),
+    }
+}
+
 impl Device {
     /// Opens `bdf` for VFIO, binding it to vfio-pci first when `bind` is set.
     pub fn open(bdf: &str, bind: bool) -> Result<Self, DeviceError> {

@@ -38,10 +38,8 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Err(e) => {
-            // One line, not clap's multi-line block: the first line names the problem.
-            let text = e.render().to_string();
-            let first = text.lines().next().unwrap_or("bad usage").trim_start_matches("error: ");
-            eprintln!("dmaprof: {first}");
+            // clap's whole message: what is wrong, the allowed values, the usage line.
+            let _ = e.print();
             return ExitCode::from(2);
         }
     };
@@ -144,7 +142,18 @@ fn run_command(args: &RunArgs) -> anyhow::Result<ExitCode> {
         .map_err(|_| anyhow::anyhow!("the workload thread panicked"))??;
     let text = table::render_table(&report) + &format!("\nreport: {}\n", out_dir.join("report.json").display());
     out(&if args.json { json(&report) } else { text });
+    let all_skipped = report.cases.is_empty() && report.failed.is_empty() && !report.skipped.is_empty();
     Ok(match control.signal() {
+        // kselftest's KSFT_SKIP: nothing ran, and that is not a pass.
+        0 if all_skipped => {
+            let first = &report.skipped[0];
+            let n = report.skipped.len();
+            eprintln!(
+                "dmaprof: every selected case was skipped ({n}); the first because {}",
+                first.reason
+            );
+            ExitCode::from(4)
+        }
         0 if report.failed.is_empty() => ExitCode::SUCCESS,
         0 => ExitCode::FAILURE,
         sig => ExitCode::from(128 + sig as u8),

@@ -33,6 +33,45 @@ pub struct OutDir {
     created: Vec<PathBuf>,
 }
 
+/// Why an existing `--out` directory cannot take this run.
+#[derive(Debug, thiserror::Error)]
+#[error("--out {0} is not empty and holds no dmaprof report: choose a new or empty directory")]
+pub struct NotOurs(pub String);
+
+/// Makes an existing `--out` directory ready: an empty one (or one holding only empty files) is
+/// fine; one holding an earlier
+/// dmaprof run loses that run's report and case folders (so no stale case mixes with the new
+/// run); anything else is refused.
+pub fn claim(path: &Path) -> Result<(), NotOurs> {
+    let Ok(entries) = fs::read_dir(path) else {
+        return Ok(());
+    };
+    // Empty files hold nothing to lose or mix up (a shell redirection into the directory
+    // creates them before dmaprof starts): they count as empty.
+    let holds_data = |e: &fs::DirEntry| e.metadata().is_ok_and(|m| !m.is_file() || m.len() > 0);
+    let names: Vec<String> = entries
+        .flatten()
+        .filter(holds_data)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    if names.is_empty() {
+        return Ok(());
+    }
+    let ours = fs::read_to_string(path.join("report.json")).is_ok_and(|t| t.contains(crate::report::SCHEMA));
+    if !ours {
+        return Err(NotOurs(path.display().to_string()));
+    }
+    let cases: Vec<String> = crate::matrix::all_cases()
+        .iter()
+        .map(crate::matrix::Case::name)
+        .collect();
+    for n in names.iter().filter(|n| cases.contains(n)) {
+        let _ = fs::remove_dir_all(path.join(n));
+    }
+    let _ = fs::remove_file(path.join("report.json"));
+    Ok(())
+}
+
 impl OutDir {
     /// Creates `path` (and missing parents).
     pub fn create(path: PathBuf) -> Result<Self, OutputError> {
@@ -102,6 +141,28 @@ pub fn write_report(dir: &Path, report: &Report) -> Result<PathBuf, OutputError>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_earlier_run_is_cleared_and_a_foreign_directory_refused() {
+        let root = std::env::temp_dir().join(format!("dmaprof-claim-test-{}", std::process::id()));
+        fs::create_dir_all(root.join("none_anonymous.none")).unwrap();
+        fs::write(root.join("none_anonymous.none/mmap.svg"), "<svg/>").unwrap();
+        fs::write(root.join("stdout.json"), "").unwrap();
+        fs::write(root.join("notes.txt"), "mine").unwrap();
+        assert!(claim(&root).is_err(), "no report.json: not ours");
+        fs::remove_file(root.join("notes.txt")).unwrap();
+        fs::remove_dir_all(root.join("none_anonymous.none")).unwrap();
+        assert!(claim(&root).is_ok(), "only empty files: as good as empty");
+        fs::create_dir_all(root.join("none_anonymous.none")).unwrap();
+        fs::write(root.join("none_anonymous.none/mmap.svg"), "<svg/>").unwrap();
+        fs::write(root.join("notes.txt"), "mine").unwrap();
+        fs::write(root.join("report.json"), r#"{"schema":"dmaprof.report.v1"}"#).unwrap();
+        claim(&root).unwrap();
+        assert!(!root.join("none_anonymous.none").exists() && !root.join("report.json").exists());
+        assert!(root.join("notes.txt").exists(), "only the run's own files go");
+        fs::remove_dir_all(&root).unwrap();
+        assert!(claim(&root).is_ok(), "a missing directory is fine");
+    }
 
     #[test]
     fn created_directories_go_away_when_nothing_was_written() {

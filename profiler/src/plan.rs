@@ -106,11 +106,9 @@ pub fn cannot_run(case: &Case, opts: &RunOptions, caps: &Capabilities) -> Option
         ));
     }
     let mode = case.mode?;
-    if opts.device.is_none() {
-        return Some("needs a VFIO device: give -d BDF (or set VFIO_SELFTESTS_BDF), or use `cargo xtask vm`".into());
-    }
+    // The most fundamental missing piece first: a kernel without the interface, then the device.
     let missing = |id| !has(caps, id);
-    match mode {
+    let kernel = match mode {
         DmaMode::VfioType1Iommu | DmaMode::VfioType1v2Iommu if missing(CapabilityId::VfioType1) => {
             Some("kernel has no VFIO type1 container (/dev/vfio/vfio)".into())
         }
@@ -122,7 +120,12 @@ pub fn cannot_run(case: &Case, opts: &RunOptions, caps: &Capabilities) -> Option
             Some("kernel has no IOMMU_IOAS_MAP_FILE (added in 6.13)".into())
         }
         _ => None,
-    }
+    };
+    kernel.or_else(|| {
+        opts.device
+            .is_none()
+            .then(|| "needs a VFIO device: give -d BDF (or set VFIO_SELFTESTS_BDF), or use `cargo xtask vm`".into())
+    })
 }
 
 /// Selects the cases and says which cannot run here.
@@ -207,6 +210,12 @@ mod tests {
             reason("vfio_type1_iommu_memfd.none", &no_dev, &caps)
                 .unwrap()
                 .contains("-d BDF")
+        );
+        // Without the kernel interface, that is the reason, not the missing device.
+        let bare = Capabilities::new();
+        assert_eq!(
+            reason("iommufd_memfd.none", &no_dev, &bare).as_deref(),
+            Some("kernel has no IOMMUFD")
         );
     }
 }

@@ -88,6 +88,7 @@ impl Session {
         if let Some(why) = privileges::refusal() {
             return Err(RunError::Usage(why));
         }
+        output::claim(&opts.out).map_err(|e| RunError::Usage(e.to_string()))?;
         let out = OutDir::create(opts.out.clone()).map_err(|e| {
             RunError::Usage(format!(
                 "cannot create --out {}: {}: choose a writable directory",
@@ -100,7 +101,7 @@ impl Session {
         let device = match &opts.device {
             Some(bdf) if plan.run.iter().any(|c| c.mode.is_some()) => Some(Device::open(bdf, opts.bind)?),
             Some(bdf) => {
-                crate::device::parse_bdf(bdf)?;
+                crate::device::check(bdf, opts.bind)?;
                 None
             }
             None => None,

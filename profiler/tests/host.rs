@@ -500,6 +500,12 @@ fn bad_input_gives_one_clear_line() {
     let file = tmpdir("notadir");
     fs::write(&file, "x").unwrap();
     let file_s = file.to_str().unwrap();
+    let foreign = tmpdir("foreign-out");
+    fs::create_dir_all(&foreign).unwrap();
+    fs::write(foreign.join("mine.txt"), "not dmaprof's").unwrap();
+    let foreign_s = foreign.to_str().unwrap();
+    // (arguments, exit code, text that must appear). dmaprof's own errors are one line; clap's
+    // argument errors are clap's whole message (what is wrong, allowed values, usage).
     let cases: &[(&[&str], i32, &str)] = &[
         (&["run", "-b", "0"], 2, "larger than 0"),
         (&["run", "-b", "-1G"], 2, "not a size"),
@@ -510,7 +516,21 @@ fn bad_input_gives_one_clear_line() {
         (&["run", "-v", "nothing_matches_*"], 2, "matches no case"),
         (&["run", "-v", "none_[x"], 2, "bad -v pattern"),
         (&["run", "-n", "0"], 2, "iterations"),
-        (&["run", "--prefault", "sometimes"], 2, "sometimes"),
+        (
+            &["run", "--prefault", "sometimes"],
+            2,
+            "[possible values: none, populate, touch]",
+        ),
+        (
+            &["run", "--passes", "fast"],
+            2,
+            "[possible values: untraced, exact, sampled]",
+        ),
+        (
+            &["run", "--probes", "kretprobes"],
+            2,
+            "[possible values: samples, tracepoints, fentry, kprobes]",
+        ),
         (
             &["run", "-b", "64M", "-v", "none_anonymous.none", "-o", file_s],
             2,
@@ -530,27 +550,93 @@ fn bad_input_gives_one_clear_line() {
             "choose a writable directory",
         ),
         (
+            &["run", "-b", "64M", "-v", "none_anonymous.none", "-o", foreign_s],
+            2,
+            "holds no dmaprof report",
+        ),
+        (
             &["run", "-b", "1T", "-v", "none_anonymous.none"],
             2,
             "does not fit in available memory",
         ),
-        (&["run", "--probes", "kretprobes"], 2, "kretprobes"),
+        (
+            &["run", "-b", "4M", "-v", "none_anonymous.none", "-d", "0000:ff:1f.7"],
+            2,
+            "no PCI device 0000:ff:1f.7",
+        ),
+        (&["diff", "a.json"], 2, "<AFTER>"),
         (&["doctor", "--bogus"], 2, "--bogus"),
         (&["frobnicate"], 2, "frobnicate"),
+        (&[], 2, "Usage: dmaprof <COMMAND>"),
     ];
     for (args, code, needle) in cases {
         let out = dmaprof().args(*args).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(*code), "{args:?}: {err}");
-        assert_eq!(
-            err.trim_end().lines().count(),
-            1,
-            "{args:?} should print one line: {err}"
-        );
+        if err.starts_with("error:") || err.contains("Usage:") {
+            assert!(
+                err.contains("Usage:") || err.contains("--help"),
+                "{args:?}: clap's whole message: {err}"
+            );
+        } else {
+            assert_eq!(
+                err.trim_end().lines().count(),
+                1,
+                "{args:?} should print one line: {err}"
+            );
+        }
         assert!(err.contains(needle), "{args:?}: expected `{needle}` in: {err}");
         assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
     }
+    assert!(
+        fs::read_to_string(foreign.join("mine.txt")).is_ok(),
+        "a refused --out is left alone"
+    );
     fs::remove_file(file).unwrap();
+    fs::remove_dir_all(foreign).unwrap();
+}
+
+#[test]
+fn a_run_whose_every_case_is_skipped_exits_4_and_says_so() {
+    let _serial = serial();
+    if !can_run("a_run_whose_every_case_is_skipped_exits_4_and_says_so") {
+        return;
+    }
+    if std::path::Path::new("/dev/vfio/vfio").exists() {
+        eprintln!("SKIPPED a_run_whose_every_case_is_skipped_exits_4_and_says_so: this host has VFIO");
+        return;
+    }
+    let dir = tmpdir("allskipped");
+    let out = dmaprof()
+        .args(["run", "-b", "4M", "-v", "vfio_type1_iommu_anonymous", "-o"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "kselftest's skip code: {err}");
+    let line = err
+        .lines()
+        .find(|l| l.contains("every selected case was skipped"))
+        .unwrap_or_default();
+    assert!(
+        line.contains("kernel has no VFIO type1"),
+        "the first reason is the kernel's: {err}"
+    );
+    // A second run into the same directory replaces the first, it does not mix with it.
+    let again = dmaprof()
+        .args(["run", "-b", "4M", "-v", "none_anonymous.none", "-n", "1", "-o"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    ok(&again);
+    let r: Value = serde_json::from_str(&fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
+    assert_eq!(r["cases"].as_array().unwrap().len(), 1);
+    assert!(
+        r["skipped"].as_array().unwrap().is_empty(),
+        "no stale skip from the first run: {}",
+        r["skipped"]
+    );
+    fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
