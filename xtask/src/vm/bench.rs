@@ -26,7 +26,13 @@ use super::{Payload, Plan, cache_dir, execute, kernel, unpack_archive};
 use crate::{
     build::{build_release, build_static, workspace_root},
     setup::ensure_debian_packages,
+    size::ByteSize,
 };
+
+/// `n` GiB of guest memory.
+fn gib(n: u64) -> ByteSize {
+    ByteSize::new(n << 30).expect("whole GiB are a size")
+}
 
 /// Arguments of `cargo xtask bench`.
 #[derive(Args)]
@@ -36,13 +42,13 @@ pub struct BenchArgs {
     rounds: u32,
     /// Buffer size of the overhead runs (guest).
     #[arg(long, default_value = "64M")]
-    size: String,
+    size: ByteSize,
     /// Buffer size of the overhead runs on the host.
     #[arg(long, default_value = "512M")]
-    host_size: String,
+    host_size: ByteSize,
     /// Buffer size of the peak-RSS run (guest).
     #[arg(long, default_value = "1G")]
-    rss_size: String,
+    rss_size: ByteSize,
     /// Skip the guest part (only the host comparison).
     #[arg(long)]
     no_vm: bool,
@@ -180,19 +186,6 @@ pub fn run(args: BenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// "1G", "512M", "64K" in KiB (the bench's own size options).
-fn size_kib(s: &str) -> Option<u64> {
-    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
-    let n: u64 = num.parse().ok()?;
-    let shift = match unit.to_ascii_uppercase().as_str() {
-        "K" => 0,
-        "M" => 10,
-        "G" => 20,
-        _ => return None,
-    };
-    Some(n << shift)
-}
-
 fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return f64::NAN;
@@ -289,7 +282,7 @@ fn guest(args: &BenchArgs) -> Result<String> {
             "/bin/dmaprof doctor --json > /out/doctor.json; \
              /bin/dmaprof run --json -b 4M -v {GUEST_CASE} -n 1 -o /tmp/o > /out/report.json 2> /out/stderr.txt"
         ),
-        "2G",
+        gib(2),
         &discover,
     )?;
     let report: Value = serde_json::from_str(&fs::read_to_string(discover.join("report.json"))?)
@@ -322,7 +315,7 @@ fn guest(args: &BenchArgs) -> Result<String> {
     let _ = write!(
         script,
         r#"up() {{ cut -d' ' -f1 /proc/uptime | tr -d .; }}
-B="/bin/dmaprof run --json -b {size} -v {GUEST_CASE} -n 3"
+B="/bin/dmaprof run --json -b {size_bytes} -v {GUEST_CASE} -n 3"
 one() {{ # name round dmaprof-options
   echo "R $1 $2"
   $B $3 -o /tmp/o > /dev/null 2> /tmp/err & dp=$!
@@ -354,7 +347,7 @@ bt() {{ # name round script
   cp /tmp/bt.out /out/$1-$2.bt
 }}
 "#,
-        size = args.size
+        size_bytes = args.size.bytes()
     );
     let names: Vec<&str> = GUEST_CONFIGS.iter().map(|c| c.name).collect();
     for round in 0..args.rounds {
@@ -377,7 +370,7 @@ bt() {{ # name round script
         script,
         "/bin/dmaprof run --json -b {} -v vfio_type1_iommu_anonymous.populate -n 1 -o /tmp/o > /dev/null 2> /tmp/err \
          || echo \"E rss 0 $? $(tail -1 /tmp/err)\"; cp /tmp/o/report.json /out/rss.json",
-        args.rss_size
+        args.rss_size.bytes()
     );
     eprintln!(
         "xtask: bench: {} rounds x {} configurations in one boot (TCG: this takes a while)",
@@ -385,7 +378,7 @@ bt() {{ # name round script
         GUEST_CONFIGS.len()
     );
     let dir = scratch.join("guest");
-    let console = boot(&custom, &dmaprof, host_files, script, "4G", &dir)?;
+    let console = boot(&custom, &dmaprof, host_files, script, gib(4), &dir)?;
 
     let mut results: Results = BTreeMap::new();
     for c in GUEST_CONFIGS {
@@ -497,7 +490,7 @@ bt() {{ # name round script
         .and_then(|t| serde_json::from_str::<Value>(&t).ok());
     match rss.as_ref().and_then(|r| r["timing"]["peak_rss_kib"].as_u64()) {
         Some(kib) => {
-            let buffer_kib = size_kib(&args.rss_size).unwrap_or(0);
+            let buffer_kib = args.rss_size.bytes() >> 10;
             let _ = writeln!(
                 md,
                 "\n## Memory\n\nPeak RSS (VmHWM) of dmaprof during a {} `vfio_type1_iommu_anonymous.populate` run \
@@ -520,7 +513,7 @@ fn boot(
     dmaprof: &Path,
     host_files: Vec<PathBuf>,
     script: String,
-    mem: &str,
+    mem: ByteSize,
     dir: &Path,
 ) -> Result<Vec<String>> {
     let plan = Plan {
@@ -585,7 +578,7 @@ fn host(args: &BenchArgs) -> Result<String> {
         for c in HOST_CONFIGS[k..].iter().chain(&HOST_CONFIGS[..k]) {
             let out = dir.join(format!("{}-{round}", c.name));
             let mut cmd = Command::new(&dmaprof);
-            cmd.args(["run", "--json", "-b", &args.host_size, "-n", "3"])
+            cmd.args(["run", "--json", "-b", &args.host_size.bytes().to_string(), "-n", "3"])
                 .args(&variants)
                 .arg("-o")
                 .arg(&out)

@@ -19,6 +19,8 @@ use anyhow::{Context as _, Result, bail};
 use base64::Engine as _;
 use sha2::{Digest as _, Sha256};
 
+use crate::size::ByteSize;
+
 use super::initramfs::{EXIT_MARKER, XFER_BEGIN, XFER_END};
 
 /// Console lines shown with a failure.
@@ -30,7 +32,7 @@ const GRACE: Duration = Duration::from_secs(3);
 pub struct Boot<'a> {
     pub kernel: &'a Path,
     pub initrd: &'a Path,
-    pub mem: &'a str,
+    pub mem: ByteSize,
     pub smp: u32,
     pub hugepages_1g: u32,
     /// Extra kernel command line.
@@ -137,7 +139,7 @@ fn qemu_command(b: &Boot) -> Command {
         "-cpu",
         "qemu64,+pdpe1gb",
     ])
-    .args(["-smp", &b.smp.to_string(), "-m", b.mem])
+    .args(["-smp", &b.smp.to_string(), "-m", &format!("{}M", b.mem.mib())])
     .args(["-device", "intel-iommu,intremap=on,caching-mode=on", "-device", "edu"])
     .args(["-nographic", "-no-reboot", "-nodefaults", "-display", "none"])
     .args(["-serial", "stdio"])

@@ -12,7 +12,7 @@ use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
 use super::{Payload, Plan, cache_dir, execute, kernel, qemu, unpack_archive};
-use crate::build::build_static;
+use crate::{build::build_static, size::ByteSize};
 
 /// Host-side limit for a guest that should finish (stock kernels boot slower under TCG).
 const BOOT_TIMEOUT: Duration = Duration::from_secs(300);
@@ -107,7 +107,7 @@ fn plan<'a>(kernel: &'a kernel::Kernel, dmaprof: Option<&'a Path>, payload: Payl
         kernel,
         dmaprof,
         payload,
-        mem: "1G",
+        mem: ByteSize::new(1 << 30).expect("1 GiB"),
         smp: 2,
         hugepages_1g: 0,
         hugepages_2m: 0,
