@@ -9,11 +9,7 @@ use std::{
 
 use anyhow::{Context as _, Result};
 
-/// Console line the guest prints with the payload's exit status, after its output has been shipped.
-pub const EXIT_MARKER: &str = "DMAPROF-VM-EXIT ";
-/// Data-port lines that frame the output archive (base64 of a .tar.gz).
-pub const XFER_BEGIN: &str = "DMAPROF-XFER-BEGIN";
-pub const XFER_END: &str = "DMAPROF-XFER-END ";
+use super::transfer::{EXIT_MARKER, XFER_BEGIN, XFER_END};
 
 /// A minimal newc ("070701") cpio writer.
 pub struct Cpio<W: Write> {

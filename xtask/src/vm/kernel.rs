@@ -11,9 +11,11 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
-use sha2::{Digest as _, Sha256};
 
-use super::apt::{self, Apt, Package};
+use super::{
+    apt::{self, Apt, Package},
+    transfer::sha256_hex,
+};
 use crate::setup::{ensure_debian_packages, run_cmd};
 
 /// The kernel config fragment merged onto `make tinyconfig`.
@@ -108,10 +110,6 @@ pub fn prepare(choice: &Choice, user_modules: Option<&Path>, cache: &Path) -> Re
         }
         Choice::User { image } => user(image, user_modules, cache),
     }
-}
-
-fn sha256_hex(data: &[u8]) -> String {
-    Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Directory-name-safe form of a Debian version.

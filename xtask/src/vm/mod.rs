@@ -1,9 +1,10 @@
-//! The built-in QEMU test bed (see ../shared/notes/vm-testbed.md): boots a guest with a real
+//! The built-in QEMU test bed: boots a guest with a real
 //! VFIO/IOMMUFD kernel, runs `dmaprof <args>` in it and brings its output back to the host.
 //!
 //! - [`kernel`]: which kernel (custom, stock Debian, a user's bzImage), prepared once and cached.
 //! - [`initramfs`]: the guest's root (busybox, modules, dmaprof, `/init`) as a newc cpio.
-//! - [`qemu`]: one boot with a host-side deadline, console checks and the output transfer.
+//! - [`qemu`]: one boot with a host-side deadline and console checks.
+//! - [`transfer`]: the guest -> host protocol (exit marker, output archive on the data port).
 //! - [`tests`]: the VM part of `cargo xtask test`.
 //!
 //! Everything downloaded or built lives under `$DMAPROF_CACHE` (default `~/.cache/dmaprof`).
@@ -13,6 +14,7 @@ mod initramfs;
 mod kernel;
 mod qemu;
 mod tests;
+mod transfer;
 
 use std::{
     fs,

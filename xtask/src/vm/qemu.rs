@@ -15,13 +15,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, Result, bail};
-use base64::Engine as _;
-use sha2::{Digest as _, Sha256};
+use anyhow::Result;
 
 use crate::size::ByteSize;
 
-use super::initramfs::{EXIT_MARKER, XFER_BEGIN, XFER_END};
+use super::transfer::{self, EXIT_MARKER};
 
 /// Console lines shown with a failure.
 const TAIL_LINES: usize = 30;
@@ -305,34 +303,7 @@ fn read_data_port(path: &Path) -> Result<Option<Vec<u8>>> {
     let Ok(bytes) = fs::read(path) else {
         return Ok(None);
     };
-    let text = String::from_utf8_lossy(&bytes);
-    let mut lines = text.lines().map(|l| l.trim_matches(['\r', ' ']));
-    if !lines.by_ref().any(|l| l == XFER_BEGIN) {
-        return Ok(None);
-    }
-    let mut b64 = String::new();
-    let mut end = None;
-    for l in lines {
-        if let Some(rest) = l.strip_prefix(XFER_END) {
-            end = Some(rest.to_owned());
-            break;
-        }
-        b64 += l;
-    }
-    let end = end.context("guest output transfer incomplete: no end marker on the data port")?;
-    let mut words = end.split_whitespace();
-    let (sha, size) = (words.next().unwrap_or_default(), words.next().unwrap_or_default());
-    let data = base64::engine::general_purpose::STANDARD
-        .decode(b64.as_bytes())
-        .context("guest output transfer corrupt: bad base64")?;
-    let got: String = Sha256::digest(&data).iter().map(|b| format!("{b:02x}")).collect();
-    if got != sha || data.len().to_string() != size {
-        bail!(
-            "guest output transfer corrupt: got {} bytes sha256 {got}, guest sent {size} bytes sha256 {sha}",
-            data.len()
-        );
-    }
-    Ok(Some(data))
+    transfer::decode(&String::from_utf8_lossy(&bytes)).map_err(anyhow::Error::msg)
 }
 
 /// Boots, retrying once when the guest kernel Oopses.

@@ -9,9 +9,8 @@ use std::{
 
 use anyhow::{Result, bail};
 use serde_json::Value;
-use sha2::{Digest as _, Sha256};
 
-use super::{Payload, Plan, cache_dir, execute, kernel, qemu, unpack_archive};
+use super::{Payload, Plan, cache_dir, execute, kernel, qemu, transfer, unpack_archive};
 use crate::{build::build_static, size::ByteSize};
 
 /// Host-side limit for a guest that should finish (stock kernels boot slower under TCG).
@@ -310,7 +309,7 @@ fn files_arrive(k: &kernel::Kernel) -> Verdict {
         Ok(b) => b,
         Err(e) => return Verdict::Failed(format!("blob did not arrive: {e}")),
     };
-    let got: String = Sha256::digest(&blob).iter().map(|b| format!("{b:02x}")).collect();
+    let got = transfer::sha256_hex(&blob);
     if got != want || blob.len() != 1 << 20 {
         return Verdict::Failed(format!(
             "blob differs: {} bytes sha256 {got}, guest had 1048576 bytes sha256 {want}",
