@@ -159,6 +159,33 @@ fn kprobes_script(functions: &[String]) -> String {
     s
 }
 
+/// The guest script's `bt NAME ROUND SCRIPT`: starts bpftrace, waits up to `wait_polls` x 100 ms
+/// for its BEGIN line (READY), then: READY seen -> `T` line, the untraced run (`one`) measured
+/// under it, bpftrace stopped; still running without READY -> `F ... no READY`, killed; dead ->
+/// `F` with its output. `tmp` holds its log, copied to `out`. Needs `up`, `one` and `usleep`.
+fn bt_function(wait_polls: u32, tmp: &str, out: &str) -> String {
+    let secs = f64::from(wait_polls) / 10.0;
+    format!(
+        r#"bt() {{ # name round script
+  rm -f {tmp}/bt.out; : > {tmp}/bt.out
+  t0=$(up); bpftrace $3 > {tmp}/bt.out 2>&1 & bp=$!
+  n=0
+  while ! grep -q READY {tmp}/bt.out && [ $n -lt {wait_polls} ]; do kill -0 $bp 2>/dev/null || break; usleep 100000; n=$((n + 1)); done
+  if grep -q READY {tmp}/bt.out; then
+    echo "T $1 $2 $(( ($(up) - t0) * 10 ))"
+    one $1 $2 --no-trace
+    kill -INT $bp; wait $bp
+  elif kill -0 $bp 2>/dev/null; then
+    echo "F $1 $2 no READY after {secs} s: $(head -c 300 {tmp}/bt.out | tr '\n' ' ')"; kill -9 $bp; wait $bp
+  else
+    wait $bp; echo "F $1 $2 $(head -c 300 {tmp}/bt.out | tr '\n' ' ')"
+  fi
+  cp {tmp}/bt.out {out}/$1-$2.bt
+}}
+"#
+    )
+}
+
 /// `cargo xtask bench`.
 pub fn run(args: BenchArgs) -> Result<()> {
     ensure_debian_packages("bpftrace, the peer dmaprof is compared with", &["bpftrace"])?;
@@ -330,23 +357,8 @@ one() {{ # name round dmaprof-options
   fi
   cp /tmp/o/report.json /out/$1-$2.json; rm -rf /tmp/o
 }}
-bt() {{ # name round script
-  rm -f /tmp/bt.out; : > /tmp/bt.out
-  t0=$(up); bpftrace $3 > /tmp/bt.out 2>&1 & bp=$!
-  n=0
-  while ! grep -q READY /tmp/bt.out && [ $n -lt 1200 ]; do kill -0 $bp 2>/dev/null || break; usleep 100000; n=$((n + 1)); done
-  if kill -0 $bp 2>/dev/null; then
-    echo "T $1 $2 $(( ($(up) - t0) * 10 ))"
-    one $1 $2 --no-trace
-    kill -INT $bp; wait $bp
-  elif kill -0 $bp 2>/dev/null; then
-    echo "F $1 $2 no READY after 120 s: $(head -c 300 /tmp/bt.out | tr '\n' ' ')"; kill -9 $bp; wait $bp
-  else
-    echo "F $1 $2 $(head -c 300 /tmp/bt.out | tr '\n' ' ')"
-  fi
-  cp /tmp/bt.out /out/$1-$2.bt
-}}
-"#,
+{bt}"#,
+        bt = bt_function(1200, "/tmp", "/out"),
         size_bytes = args.size.bytes()
     );
     let names: Vec<&str> = GUEST_CONFIGS.iter().map(|c| c.name).collect();
@@ -561,6 +573,25 @@ fn bpftrace_files() -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// Waits until bpftrace's log (its stdout) shows READY (its BEGIN ran: every probe attached);
+/// returns how long that took, or why it never came (it exited, or `limit` passed).
+fn wait_ready(child: &mut std::process::Child, log: &Path, limit: Duration) -> Result<Duration, String> {
+    let started = Instant::now();
+    loop {
+        let text = fs::read_to_string(log).unwrap_or_default();
+        if text.contains("READY") {
+            return Ok(started.elapsed());
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!("exited ({status}) before READY: {}", text.trim()));
+        }
+        if started.elapsed() > limit {
+            return Err(format!("no READY after {} s: {}", limit.as_secs_f64(), text.trim()));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Host part: sampling-only dmaprof against `bpftrace profile:hz:4999` (the host has no kprobes).
 fn host(args: &BenchArgs) -> Result<String> {
     let dmaprof = build_release()?;
@@ -592,26 +623,21 @@ fn host(args: &BenchArgs) -> Result<String> {
                 None => {
                     cmd.arg("--no-trace");
                     let log = dir.join(format!("{}-{round}.bt", c.name));
-                    let started = Instant::now();
                     let mut child = Command::new("bpftrace")
                         .arg(&script)
                         .stdout(fs::File::create(&log)?)
                         .stderr(Stdio::null())
                         .spawn()
                         .context("starting bpftrace")?;
-                    loop {
-                        if fs::read_to_string(&log).is_ok_and(|t| t.contains("READY")) {
-                            bt_ready.push(started.elapsed().as_secs_f64() * 1e3);
-                            break;
+                    match wait_ready(&mut child, &log, Duration::from_secs(120)) {
+                        Ok(took) => bt_ready.push(took.as_secs_f64() * 1e3),
+                        Err(why) => {
+                            // Not attached: a run now would be measured as traced by bpftrace.
+                            notes.push(format!("bpftrace {} round {round}: {why}", c.name));
+                            let _ = child.kill();
+                            let _ = child.wait();
+                            continue;
                         }
-                        if child.try_wait()?.is_some() || started.elapsed() > Duration::from_secs(120) {
-                            notes.push(format!(
-                                "bpftrace did not start in round {round}: {}",
-                                fs::read_to_string(&log).unwrap_or_default().trim()
-                            ));
-                            break;
-                        }
-                        std::thread::sleep(Duration::from_millis(20));
                     }
                     tracer = Some(child);
                 }
@@ -677,4 +703,103 @@ fn host(args: &BenchArgs) -> Result<String> {
         let _ = writeln!(md, "- {n}");
     }
     Ok(md)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    use super::*;
+
+    /// A scratch directory with executable `name`s holding `body` (sh scripts).
+    fn fake_bin(dir: &Path, name: &str, body: &str) {
+        let path = dir.join(name);
+        fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    /// Runs the guest's `bt` with the host's sh against a fake bpftrace; returns its stdout.
+    fn run_bt(case: &str, bpftrace: &str) -> String {
+        let dir = std::env::temp_dir().join(format!("xtask-bt-{}-{case}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let (bin, tmp, out) = (dir.join("bin"), dir.join("tmp"), dir.join("out"));
+        for d in [&bin, &tmp, &out] {
+            fs::create_dir_all(d).unwrap();
+        }
+        fake_bin(&bin, "bpftrace", bpftrace);
+        fake_bin(&bin, "usleep", "sleep 0.02");
+        let script = format!(
+            "up() {{ echo 100; }}\none() {{ echo \"ONE $1 $2 $3\"; }}\n{}bt bt_x 0 /tmp/x.bt\n",
+            bt_function(5, &tmp.to_string_lossy(), &out.to_string_lossy())
+        );
+        let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+        let o = Command::new("sh")
+            .arg("-c")
+            .arg(&script)
+            .env("PATH", path)
+            .output()
+            .unwrap();
+        let _ = fs::remove_dir_all(&dir);
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+
+    #[test]
+    fn bt_measures_only_an_attached_bpftrace() {
+        // Background jobs of sh ignore SIGINT, so the fake ends by itself.
+        let out = run_bt("ready", "echo READY; sleep 0.3");
+        assert!(
+            out.contains("T bt_x 0 ") && out.contains("ONE bt_x 0 --no-trace"),
+            "{out}"
+        );
+        assert!(!out.contains("F bt_x"), "{out}");
+
+        let out = run_bt("silent", "exec sleep 10");
+        assert!(out.contains("F bt_x 0 no READY after 0.5 s"), "{out}");
+        assert!(!out.contains("ONE") && !out.contains("T bt_x"), "{out}");
+
+        let out = run_bt("dies", "echo 'ERROR: cannot attach'; exit 1");
+        assert!(out.contains("F bt_x 0 ERROR: cannot attach"), "{out}");
+        assert!(!out.contains("ONE") && !out.contains("no READY"), "{out}");
+    }
+
+    #[test]
+    fn host_waits_for_ready_or_says_why_not() {
+        let dir = std::env::temp_dir().join(format!("xtask-ready-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let start = |body: &str, name: &str| {
+            let log = dir.join(name);
+            let child = Command::new("sh")
+                .args(["-c", body])
+                .stdout(fs::File::create(&log).unwrap())
+                .spawn()
+                .unwrap();
+            (child, log)
+        };
+        let (mut c, log) = start("echo READY; sleep 0.2", "ready");
+        assert!(wait_ready(&mut c, &log, Duration::from_secs(5)).is_ok());
+        let _ = c.wait();
+        let (mut c, log) = start("exec sleep 10", "silent");
+        let e = wait_ready(&mut c, &log, Duration::from_millis(200)).unwrap_err();
+        assert!(e.contains("no READY"), "{e}");
+        let _ = c.kill();
+        let _ = c.wait();
+        let (mut c, log) = start("echo oops; exit 3", "dies");
+        let e = wait_ready(&mut c, &log, Duration::from_secs(5)).unwrap_err();
+        assert!(e.contains("exited") && e.contains("oops"), "{e}");
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn sizes_parse_as_byte_sizes() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            bench: BenchArgs,
+        }
+        let cli = <Cli as clap::Parser>::try_parse_from(["bench", "--size", "32M", "--rss-size", "2G"]).unwrap();
+        assert_eq!(cli.bench.size.bytes(), 32 << 20);
+        assert_eq!(cli.bench.rss_size.bytes(), 2 << 30);
+        assert_eq!(cli.bench.host_size.bytes(), 512 << 20);
+        assert!(<Cli as clap::Parser>::try_parse_from(["bench", "--size", "1.5G"]).is_err());
+    }
 }
