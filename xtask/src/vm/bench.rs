@@ -24,7 +24,7 @@ use serde_json::Value;
 
 use super::{Payload, Plan, cache_dir, execute, kernel, unpack_archive};
 use crate::{
-    build::{build_release, build_static, workspace_root},
+    build::{build_release, build_static, build_vm_init, workspace_root},
     setup::ensure_debian_packages,
     size::ByteSize,
 };
@@ -295,6 +295,7 @@ fn guest(args: &BenchArgs) -> Result<String> {
     let cache = cache_dir()?;
     let custom = kernel::prepare(&kernel::Choice::Custom, None, &cache)?;
     let dmaprof = build_static()?;
+    let init = build_vm_init()?;
     let scratch = cache.join("bench");
     let _ = fs::remove_dir_all(&scratch);
 
@@ -303,6 +304,7 @@ fn guest(args: &BenchArgs) -> Result<String> {
     let discover = scratch.join("discover");
     boot(
         &custom,
+        &init,
         &dmaprof,
         Vec::new(),
         format!(
@@ -390,7 +392,7 @@ one() {{ # name round dmaprof-options
         GUEST_CONFIGS.len()
     );
     let dir = scratch.join("guest");
-    let console = boot(&custom, &dmaprof, host_files, script, gib(4), &dir)?;
+    let console = boot(&custom, &init, &dmaprof, host_files, script, gib(4), &dir)?;
 
     let mut results: Results = BTreeMap::new();
     for c in GUEST_CONFIGS {
@@ -522,6 +524,7 @@ one() {{ # name round dmaprof-options
 /// Boots `kernel` with `script` and returns the console; the guest's /out lands in `dir`.
 fn boot(
     kernel: &kernel::Kernel,
+    init: &Path,
     dmaprof: &Path,
     host_files: Vec<PathBuf>,
     script: String,
@@ -530,6 +533,7 @@ fn boot(
 ) -> Result<Vec<String>> {
     let plan = Plan {
         kernel,
+        init,
         dmaprof: Some(dmaprof),
         payload: Payload::Shell(script),
         mem,

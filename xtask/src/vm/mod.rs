@@ -26,7 +26,10 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use clap::Args;
 
-use crate::{build::build_static, size::ByteSize};
+use crate::{
+    build::{build_static, build_vm_init, static_dmaprof_path},
+    size::ByteSize,
+};
 
 /// Arguments of `cargo xtask vm`.
 #[derive(Args)]
@@ -99,6 +102,8 @@ enum Payload {
 /// One guest run, fully described.
 struct Plan<'a> {
     kernel: &'a kernel::Kernel,
+    /// The static guest init (`build::build_vm_init`).
+    init: &'a Path,
     dmaprof: Option<&'a Path>,
     payload: Payload,
     mem: ByteSize,
@@ -157,17 +162,17 @@ fn execute(plan: Plan) -> std::result::Result<qemu::Outcome, qemu::BootError> {
     let (payload, out_dir) = match plan.payload {
         Payload::Dmaprof(args) => {
             let (args, out) = guest_args(args);
-            let quoted: Vec<String> = args.iter().map(|a| initramfs::sh_quote(a)).collect();
-            (format!("/bin/dmaprof {}", quoted.join(" ")), out)
+            (Payload::Dmaprof(args), out)
         }
-        Payload::Shell(cmd) => (cmd, "/out".to_owned()),
+        shell @ Payload::Shell(_) => (shell, "/out".to_owned()),
     };
     let initrd = work.join("initramfs.cpio");
     let guest = initramfs::Guest {
+        init: plan.init,
         dmaprof: plan.dmaprof,
         modules: &plan.kernel.modules,
-        payload,
-        out_dir,
+        payload: &payload,
+        out_dir: &out_dir,
         hugepages_2m: plan.hugepages_2m,
         hugepages_1g: plan.hugepages_1g,
         host_files: &plan.host_files,
@@ -292,11 +297,6 @@ fn unpack_archive(archive: &[u8], dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Where `build::build_static` puts the static dmaprof.
-fn static_path() -> PathBuf {
-    crate::build::workspace_root().join("target/x86_64-unknown-linux-gnu/release/dmaprof")
-}
-
 /// `cargo xtask vm`.
 pub fn run(args: VmArgs) -> Result<()> {
     if args.self_test {
@@ -318,9 +318,10 @@ pub fn run(args: VmArgs) -> Result<()> {
     kernel::ensure_vm_packages()?;
     // A test command line gets dmaprof too when a static build is at hand (it is not built for it).
     let dmaprof = match &args.guest_cmd {
-        Some(_) => Some(static_path()).filter(|p| p.exists()),
+        Some(_) => Some(static_dmaprof_path()).filter(|p| p.exists()),
         None => Some(build_static()?),
     };
+    let init = build_vm_init()?;
     let cache = cache_dir()?;
     let kernel = kernel::prepare(&choice, args.modules.as_deref(), &cache)?;
     let payload = match args.guest_cmd {
@@ -333,6 +334,7 @@ pub fn run(args: VmArgs) -> Result<()> {
     );
     let outcome = execute(Plan {
         kernel: &kernel,
+        init: &init,
         dmaprof: dmaprof.as_deref(),
         payload,
         mem,
@@ -546,13 +548,5 @@ mod unit {
         assert_eq!(&h[6..14], "00000002");
         assert_eq!(&h[14..22], "000081ed");
         assert_eq!(&h[54..62], "00000005");
-    }
-
-    #[test]
-    fn sh_quoting() {
-        assert_eq!(initramfs::sh_quote("-b"), "-b");
-        assert_eq!(initramfs::sh_quote("vfio_type1*"), "'vfio_type1*'");
-        assert_eq!(initramfs::sh_quote("it's"), r"'it'\''s'");
-        assert_eq!(initramfs::sh_quote(""), "''");
     }
 }

@@ -11,7 +11,10 @@ use anyhow::{Result, bail};
 use serde_json::Value;
 
 use super::{Payload, Plan, cache_dir, execute, kernel, qemu, transfer, unpack_archive};
-use crate::{build::build_static, size::ByteSize};
+use crate::{
+    build::{build_static, build_vm_init},
+    size::ByteSize,
+};
 
 /// Host-side limit for a guest that should finish (stock kernels boot slower under TCG).
 const BOOT_TIMEOUT: Duration = Duration::from_secs(300);
@@ -35,6 +38,9 @@ pub fn run(only: &[String]) -> Result<()> {
     let debian = kernel::prepare(&kernel::Choice::Debian("debian-6.12"), None, &cache)?;
     let debian_6_1 = kernel::prepare(&kernel::Choice::Debian("debian-6.1"), None, &cache)?;
     let dmaprof = build_static()?;
+    if INIT.get().is_none() {
+        let _ = INIT.set(build_vm_init()?);
+    }
     let has_doctor = Command::new(&dmaprof)
         .arg("--help")
         .output()
@@ -101,9 +107,13 @@ pub fn run(only: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// The static guest init, built once per suite.
+static INIT: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
 fn plan<'a>(kernel: &'a kernel::Kernel, dmaprof: Option<&'a Path>, payload: Payload) -> Plan<'a> {
     Plan {
         kernel,
+        init: INIT.get().expect("built before the tests run"),
         dmaprof,
         payload,
         mem: ByteSize::new(1 << 30).expect("1 GiB"),
