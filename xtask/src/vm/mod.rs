@@ -381,7 +381,7 @@ pub fn run(args: VmArgs) -> Result<()> {
         outcome.exit_status
     );
     if outcome.exit_status != 0 {
-        // dmaprof's own exit status, as the issue asks.
+        // The exit status is dmaprof's own.
         std::process::exit(outcome.exit_status.clamp(1, 255));
     }
     Ok(())
