@@ -40,7 +40,11 @@ fn mount(fstype: &str, source: &str, target: &str) -> std::io::Result<()> {
     let c = |s: &str| CString::new(s).expect("no NUL in mount table");
     let (s, t, f) = (c(source), c(target), c(fstype));
     // SAFETY: valid C strings; no mount data.
-    let rc = unsafe { libc::mount(s.as_ptr(), t.as_ptr(), f.as_ptr(), 0, std::ptr::null()) };
+    os_result(unsafe { libc::mount(s.as_ptr(), t.as_ptr(), f.as_ptr(), 0, std::ptr::null()) }.into())
+}
+
+/// A syscall's return value as a result (errno on failure).
+fn os_result(rc: i64) -> std::io::Result<()> {
     if rc == 0 {
         Ok(())
     } else {
@@ -67,12 +71,7 @@ fn load_module(path: &Path) -> std::io::Result<()> {
     let file = fs::File::open(path)?;
     let params = CString::default();
     // SAFETY: an open descriptor and an empty parameter string.
-    let rc = unsafe { libc::syscall(libc::SYS_finit_module, file.as_raw_fd(), params.as_ptr(), 0) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
+    os_result(unsafe { libc::syscall(libc::SYS_finit_module, file.as_raw_fd(), params.as_ptr(), 0) })
 }
 
 fn link_name(path: impl AsRef<Path>) -> String {

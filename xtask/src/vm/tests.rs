@@ -1088,11 +1088,19 @@ mod unit {
             prepare: fake_prepare,
             kernels: Default::default(),
         });
-        let (args, names) = arguments(&[]);
+        let (mut args, names) = arguments(&[]);
         assert!(names.is_empty());
+        // libtest's report goes to a file here, not into this test run's own output.
+        let log = std::env::temp_dir().join(format!("xtask-harness-{}.log", std::process::id()));
+        args.logfile = Some(log.to_string_lossy().into_owned());
         let c = libtest_mimic::run(&args, trials(&FAKE, &bed));
-        assert_eq!((c.num_passed, c.num_failed, c.num_ignored), (1, 1, 2));
+        let text = fs::read_to_string(&log).unwrap_or_default();
+        let _ = fs::remove_file(&log);
+        assert_eq!((c.num_passed, c.num_failed, c.num_ignored), (1, 1, 2), "{text}");
         assert!(c.has_failed());
+        assert!(text.contains("map_ioctl is VFIO_IOMMU_MAP_DMA"), "the failed check is named: {text}");
+        assert!(text.contains("the archive cannot be reached"), "the skip reason is shown: {text}");
+        assert!(text.contains("1 passed; 1 failed; 2 ignored"), "{text}");
     }
 
     #[test]
