@@ -841,9 +841,9 @@ echo $VFIO_SELFTESTS_BDF > $E/driver/unbind; echo > $E/driver_override
 hp() {{ cat /sys/kernel/mm/hugepages/*/nr_hugepages | tr '\n' ,; }}
 drv() {{ basename $(readlink $E/driver 2>/dev/null || echo none); }}
 up() {{ cut -d' ' -f1 /proc/uptime | tr -d .; }}
-v s "before $(hp) $(drv)"
+v step before hp "$(hp)" drv "$(drv)"
 t0=$(up); {run} -o /tmp/cal > /dev/null 2> /out/cal.txt; rc=$?; T=$(( ($(up) - t0) * 10 ))
-v s "calibrate $rc $T"
+v step calibrate rc $rc ms $T
 i=0
 while [ $i -lt {SIGNAL_RUNS} ]; do
   case $((i % 3)) in 0) s=INT;; 1) s=TERM;; *) s=HUP;; esac
@@ -858,7 +858,7 @@ while [ $i -lt {SIGNAL_RUNS} ]; do
   usleep $((d * 1000)); kill -$s $p; wait $p; rc=$?
   /bin/dmaprof doctor --leftovers > /out/l$i.txt 2>&1; l=$?
   part=$(grep -c '"partial": true' /tmp/r$i/report.json 2>/dev/null)
-  v s "run $i $s $d $rc $l $(hp) $(drv) ${{part:-none}}"
+  v step run i $i sig $s delay $d rc $rc leftovers $l hp "$(hp)" drv "$(drv)" partial "${{part:-none}}"
   rm -rf /tmp/r$i
   i=$((i + 1))
 done"#
@@ -866,34 +866,27 @@ done"#
     let mut p = plan(c, true, shell(&cmd));
     p.timeout = Duration::from_secs(900);
     boot_ok(p, &dir)?;
-    // One finding per step: `s` holds its space-separated fields.
     let found = findings(&dir)?;
-    let lines: Vec<Vec<&str>> = found
-        .iter()
-        .filter_map(|f| f["s"].as_str())
-        .map(|l| l.split_whitespace().collect())
-        .collect();
-    let Some(before) = lines.iter().find(|l| l.first() == Some(&"before")) else {
+    let field = |f: &Value, k: &str| f[k].as_str().unwrap_or("?").to_owned();
+    let Some(before) = finding(&found, "step", "before") else {
         return Err("the guest script reported no `before` step".into());
     };
-    let (hp0, drv0) = (before[1], before[2]);
+    let (hp0, drv0) = (field(before, "hp"), field(before, "drv"));
     let mut problems = Vec::new();
-    match lines.iter().find(|l| l.first() == Some(&"calibrate")) {
-        Some(l) if l[1] == "0" => {}
+    match finding(&found, "step", "calibrate") {
+        Some(f) if f["rc"] == "0" => {}
         other => problems.push(format!(
             "the uninterrupted calibration run failed: {other:?}: {}",
             fs::read_to_string(dir.join("cal.txt")).unwrap_or_default()
         )),
     }
     let (mut interrupted, mut places) = (0, std::collections::BTreeMap::<String, u32>::new());
-    let runs: Vec<&Vec<&str>> = lines.iter().filter(|l| l.first() == Some(&"run")).collect();
+    let runs: Vec<&Value> = found.iter().filter(|f| f["step"] == "run").collect();
     for r in &runs {
-        let [_, i, sig, delay, rc, leftovers, hp, drv, partial] = r[..] else {
-            problems.push(format!("malformed guest finding {r:?}"));
-            continue;
-        };
+        let [i, sig, delay, rc, leftovers, hp, drv, partial] =
+            ["i", "sig", "delay", "rc", "leftovers", "hp", "drv", "partial"].map(|k| field(r, k));
         let stderr = fs::read_to_string(dir.join(format!("e{i}.txt"))).unwrap_or_default();
-        let want = match sig {
+        let want = match sig.as_str() {
             "INT" => "130",
             "TERM" => "143",
             _ => "129",
@@ -1098,8 +1091,14 @@ mod unit {
         let _ = fs::remove_file(&log);
         assert_eq!((c.num_passed, c.num_failed, c.num_ignored), (1, 1, 2), "{text}");
         assert!(c.has_failed());
-        assert!(text.contains("map_ioctl is VFIO_IOMMU_MAP_DMA"), "the failed check is named: {text}");
-        assert!(text.contains("the archive cannot be reached"), "the skip reason is shown: {text}");
+        assert!(
+            text.contains("map_ioctl is VFIO_IOMMU_MAP_DMA"),
+            "the failed check is named: {text}"
+        );
+        assert!(
+            text.contains("the archive cannot be reached"),
+            "the skip reason is shown: {text}"
+        );
         assert!(text.contains("1 passed; 1 failed; 2 ignored"), "{text}");
     }
 
