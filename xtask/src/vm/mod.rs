@@ -155,6 +155,7 @@ fn execute(plan: Plan) -> std::result::Result<qemu::Outcome, qemu::BootError> {
     let setup_err = |e: anyhow::Error| qemu::BootError {
         kind: qemu::FailKind::NoExitMarker,
         message: format!("{e:#}"),
+        elapsed: Duration::ZERO,
     };
     let cache = cache_dir().map_err(setup_err)?;
     let work = cache.join("run").join(format!("{}-{}", std::process::id(), nanos()));

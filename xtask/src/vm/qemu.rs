@@ -66,6 +66,8 @@ pub enum FailKind {
 pub struct BootError {
     pub kind: FailKind,
     pub message: String,
+    /// From QEMU's start to the failure (waiting for the VM lock not included).
+    pub elapsed: Duration,
 }
 
 impl fmt::Display for BootError {
@@ -162,9 +164,13 @@ fn kill(child: &mut Child) {
 /// Boots once. The console is read line by line until the exit marker, a fatal line, QEMU's exit or
 /// the deadline, whichever comes first; QEMU never outlives this call.
 pub fn boot(b: &Boot) -> std::result::Result<Outcome, BootError> {
-    let fail = |kind, message: String| BootError { kind, message };
     let _ = fs::remove_file(&b.data_file);
     let start = Instant::now();
+    let fail = |kind, message: String| BootError {
+        kind,
+        message,
+        elapsed: start.elapsed(),
+    };
     let mut child = qemu_command(b).spawn().map_err(|e| {
         fail(
             FailKind::NoExitMarker,
