@@ -17,13 +17,16 @@ pub fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// Builds the release dmaprof and returns its path: for the host, or (with `static_target`)
-/// fully static for that target, as the VM's initramfs needs it.
-fn build_dmaprof(static_target: Option<&str>) -> Result<PathBuf> {
-    ensure_build_deps()?;
+/// The target of the static binaries the VM's initramfs holds.
+const STATIC_TARGET: &str = "x86_64-unknown-linux-gnu";
+
+/// Builds `bin` of `package` (release) and returns its path: for the host, or (with
+/// `static_target`) fully static for that target, as the VM's initramfs needs it. cargo keeps
+/// it cached; a rebuild only happens when its sources changed.
+fn cargo_build(package: &str, bin: &str, static_target: Option<&str>) -> Result<PathBuf> {
     let mut cmd = Command::new("cargo");
     cmd.current_dir(workspace_root())
-        .args(["build", "--release", "--package", "profiler", "--bin", "dmaprof"]);
+        .args(["build", "--release", "--package", package, "--bin", bin]);
     let mut out = workspace_root().join("target");
     if let Some(target) = static_target {
         cmd.args(["--target", target])
@@ -31,17 +34,32 @@ fn build_dmaprof(static_target: Option<&str>) -> Result<PathBuf> {
         out = out.join(target);
     }
     run_cmd(&mut cmd)?;
-    Ok(out.join("release/dmaprof"))
+    Ok(out.join("release").join(bin))
 }
 
 /// Builds the release dmaprof for the host and returns its path.
 pub fn build_release() -> Result<PathBuf> {
-    build_dmaprof(None)
+    ensure_build_deps()?;
+    cargo_build("profiler", "dmaprof", None)
 }
 
 /// Builds a fully static dmaprof (for the VM's initramfs) and returns its path.
 pub fn build_static() -> Result<PathBuf> {
-    build_dmaprof(Some("x86_64-unknown-linux-gnu"))
+    ensure_build_deps()?;
+    cargo_build("profiler", "dmaprof", Some(STATIC_TARGET))
+}
+
+/// Where [`build_static`] puts the static dmaprof (it may not be built yet).
+pub fn static_dmaprof_path() -> PathBuf {
+    workspace_root()
+        .join("target")
+        .join(STATIC_TARGET)
+        .join("release/dmaprof")
+}
+
+/// Builds the VM guest's static `/init` (`src/bin/dmaprof-vm-init.rs`) and returns its path.
+pub fn build_vm_init() -> Result<PathBuf> {
+    cargo_build("xtask", "dmaprof-vm-init", Some(STATIC_TARGET))
 }
 
 /// Arguments of `cargo xtask run`.

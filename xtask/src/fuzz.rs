@@ -26,16 +26,10 @@ pub fn run() -> Result<(u32, u32)> {
         eprintln!("xtask: installing cargo-fuzz (about a minute)");
         run_cmd(Command::new("cargo").args(["install", "cargo-fuzz", "--version", "0.13.2"]))?;
     }
-    // libFuzzer instrumentation needs -Z flags: Debian's rustc with RUSTC_BOOTSTRAP (as for the
-    // BPF build), or a nightly. The build is cached outside the clone: it takes minutes.
-    let debian = Command::new("rustup")
-        .args(["run", "debian", "rustc", "--version"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    let toolchain = std::env::var("DMAPROF_BPF_TOOLCHAIN")
-        .ok()
-        .filter(|t| !t.is_empty())
-        .unwrap_or_else(|| if debian { "debian".into() } else { "nightly".into() });
+    // libFuzzer instrumentation needs -Z flags: the BPF build's toolchain (Debian's rustc with
+    // RUSTC_BOOTSTRAP, or a nightly). The build is cached outside the clone: it takes minutes.
+    let toolchain = crate::setup::bpf_toolchain();
+    let toolchain = toolchain.name();
     let target_dir = std::env::var_os("HOME")
         .map(PathBuf::from)
         .unwrap_or_else(|| "/root".into())

@@ -3,7 +3,7 @@
 //! The BPF target needs a rustc with the matching library source (`-Z build-std=core`) and a
 //! bpf-linker built against that rustc's LLVM. On the project's machines that is Debian's
 //! `rustc-web` (1.96, LLVM 22) plus bpf-linker 0.13 built with `llvm-22-dev`; elsewhere a rustup
-//! nightly with rust-src serves as well (see ../shared/notes/ebpf-toolchain.md).
+//! nightly with rust-src serves as well. [`bpf_toolchain`] is the one place that decides which.
 use std::{path::Path, process::Command};
 
 use anyhow::{Context as _, Result, bail};
@@ -70,13 +70,53 @@ fn nightly_with_rust_src() -> bool {
         .is_some_and(|sysroot| Path::new(&sysroot).join("lib/rustlib/src/rust/library/core").exists())
 }
 
+/// The rustc that builds the BPF object (and the fuzz targets, which need `-Z` flags as well).
+#[derive(Debug, PartialEq, Eq)]
+pub enum BpfToolchain {
+    /// Debian's `rustc-web` linked into rustup as `debian` (installed by [`ensure_build_deps`]).
+    Debian,
+    /// A rustup nightly with rust-src.
+    Nightly,
+    /// Another rustup toolchain `DMAPROF_BPF_TOOLCHAIN` names; the user provides it.
+    Named(String),
+}
+
+impl BpfToolchain {
+    /// The rustup toolchain name (`cargo +<name>`).
+    pub fn name(&self) -> &str {
+        match self {
+            Self::Debian => "debian",
+            Self::Nightly => "nightly",
+            Self::Named(n) => n,
+        }
+    }
+}
+
+/// Which BPF toolchain to use: `$DMAPROF_BPF_TOOLCHAIN` if set; else Debian's where apt-get is
+/// (it installs it), else a nightly with rust-src if there is one.
+pub fn bpf_toolchain() -> BpfToolchain {
+    choose_toolchain(
+        std::env::var("DMAPROF_BPF_TOOLCHAIN").ok(),
+        Path::new("/usr/bin/apt-get").exists(),
+        nightly_with_rust_src,
+    )
+}
+
+fn choose_toolchain(explicit: Option<String>, has_apt: bool, has_nightly: impl FnOnce() -> bool) -> BpfToolchain {
+    match explicit.filter(|t| !t.is_empty()).as_deref() {
+        Some("debian") => BpfToolchain::Debian,
+        Some("nightly") => BpfToolchain::Nightly,
+        Some(other) => BpfToolchain::Named(other.to_owned()),
+        None if !has_apt && has_nightly() => BpfToolchain::Nightly,
+        None => BpfToolchain::Debian,
+    }
+}
+
 /// Ensures everything `cargo build -p profiler` needs for its BPF object.
 pub fn ensure_build_deps() -> Result<()> {
-    let explicit = std::env::var("DMAPROF_BPF_TOOLCHAIN").ok().filter(|t| !t.is_empty());
+    let toolchain = bpf_toolchain();
     let bpf_linker = cargo_bin_dir().join("bpf-linker");
-    let use_nightly = explicit.as_deref() == Some("nightly")
-        || (explicit.is_none() && !Path::new("/usr/bin/apt-get").exists() && nightly_with_rust_src());
-    if !use_nightly && explicit.is_none() {
+    if toolchain == BpfToolchain::Debian {
         ensure_debian_packages(
             "the BPF toolchain (rustc 1.96 with library source, LLVM 22 for bpf-linker)",
             &["rustc-web", "rust-web-src", "llvm-22-dev", "libpolly-22-dev"],
@@ -97,11 +137,38 @@ pub fn ensure_build_deps() -> Result<()> {
         );
         let mut cmd = Command::new("cargo");
         cmd.args(["install", "bpf-linker", "--version", BPF_LINKER_VERSION]);
-        if !use_nightly {
+        if toolchain != BpfToolchain::Nightly {
             cmd.args(["--no-default-features", "--features", "llvm-22"])
                 .env("LLVM_PREFIX", "/usr/lib/llvm-22");
         }
         run_cmd(&mut cmd)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn toolchain_choice() {
+        let never = || panic!("not asked when the answer is known");
+        assert_eq!(
+            choose_toolchain(Some("nightly".into()), true, never),
+            BpfToolchain::Nightly
+        );
+        assert_eq!(
+            choose_toolchain(Some("debian".into()), false, never),
+            BpfToolchain::Debian
+        );
+        assert_eq!(
+            choose_toolchain(Some("my-bpf".into()), true, never),
+            BpfToolchain::Named("my-bpf".into())
+        );
+        assert_eq!(choose_toolchain(None, true, never), BpfToolchain::Debian);
+        assert_eq!(choose_toolchain(Some(String::new()), true, never), BpfToolchain::Debian);
+        assert_eq!(choose_toolchain(None, false, || true), BpfToolchain::Nightly);
+        assert_eq!(choose_toolchain(None, false, || false), BpfToolchain::Debian);
+        assert_eq!(BpfToolchain::Named("x".into()).name(), "x");
+    }
 }

@@ -24,9 +24,15 @@ use serde_json::Value;
 
 use super::{Payload, Plan, cache_dir, execute, kernel, unpack_archive};
 use crate::{
-    build::{build_release, build_static, workspace_root},
+    build::{build_release, build_static, build_vm_init, workspace_root},
     setup::ensure_debian_packages,
+    size::ByteSize,
 };
+
+/// `n` GiB of guest memory.
+fn gib(n: u64) -> ByteSize {
+    ByteSize::new(n << 30).expect("whole GiB are a size")
+}
 
 /// Arguments of `cargo xtask bench`.
 #[derive(Args)]
@@ -36,13 +42,13 @@ pub struct BenchArgs {
     rounds: u32,
     /// Buffer size of the overhead runs (guest).
     #[arg(long, default_value = "64M")]
-    size: String,
+    size: ByteSize,
     /// Buffer size of the overhead runs on the host.
     #[arg(long, default_value = "512M")]
-    host_size: String,
+    host_size: ByteSize,
     /// Buffer size of the peak-RSS run (guest).
     #[arg(long, default_value = "1G")]
-    rss_size: String,
+    rss_size: ByteSize,
     /// Skip the guest part (only the host comparison).
     #[arg(long)]
     no_vm: bool,
@@ -153,6 +159,33 @@ fn kprobes_script(functions: &[String]) -> String {
     s
 }
 
+/// The guest script's `bt NAME ROUND SCRIPT`: starts bpftrace, waits up to `wait_polls` x 100 ms
+/// for its BEGIN line (READY), then: READY seen -> `T` line, the untraced run (`one`) measured
+/// under it, bpftrace stopped; still running without READY -> `F ... no READY`, killed; dead ->
+/// `F` with its output. `tmp` holds its log, copied to `out`. Needs `up`, `one` and `usleep`.
+fn bt_function(wait_polls: u32, tmp: &str, out: &str) -> String {
+    let secs = f64::from(wait_polls) / 10.0;
+    format!(
+        r#"bt() {{ # name round script
+  rm -f {tmp}/bt.out; : > {tmp}/bt.out
+  t0=$(up); bpftrace $3 > {tmp}/bt.out 2>&1 & bp=$!
+  n=0
+  while ! grep -q READY {tmp}/bt.out && [ $n -lt {wait_polls} ]; do kill -0 $bp 2>/dev/null || break; usleep 100000; n=$((n + 1)); done
+  if grep -q READY {tmp}/bt.out; then
+    echo "T $1 $2 $(( ($(up) - t0) * 10 ))"
+    one $1 $2 --no-trace
+    kill -INT $bp; wait $bp
+  elif kill -0 $bp 2>/dev/null; then
+    echo "F $1 $2 no READY after {secs} s: $(head -c 300 {tmp}/bt.out | tr '\n' ' ')"; kill -9 $bp; wait $bp
+  else
+    wait $bp; echo "F $1 $2 $(head -c 300 {tmp}/bt.out | tr '\n' ' ')"
+  fi
+  cp {tmp}/bt.out {out}/$1-$2.bt
+}}
+"#
+    )
+}
+
 /// `cargo xtask bench`.
 pub fn run(args: BenchArgs) -> Result<()> {
     ensure_debian_packages("bpftrace, the peer dmaprof is compared with", &["bpftrace"])?;
@@ -178,19 +211,6 @@ pub fn run(args: BenchArgs) -> Result<()> {
     println!("{md}");
     eprintln!("xtask: bench written to {}", path.display());
     Ok(())
-}
-
-/// "1G", "512M", "64K" in KiB (the bench's own size options).
-fn size_kib(s: &str) -> Option<u64> {
-    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
-    let n: u64 = num.parse().ok()?;
-    let shift = match unit.to_ascii_uppercase().as_str() {
-        "K" => 0,
-        "M" => 10,
-        "G" => 20,
-        _ => return None,
-    };
-    Some(n << shift)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -275,6 +295,7 @@ fn guest(args: &BenchArgs) -> Result<String> {
     let cache = cache_dir()?;
     let custom = kernel::prepare(&kernel::Choice::Custom, None, &cache)?;
     let dmaprof = build_static()?;
+    let init = build_vm_init()?;
     let scratch = cache.join("bench");
     let _ = fs::remove_dir_all(&scratch);
 
@@ -283,13 +304,14 @@ fn guest(args: &BenchArgs) -> Result<String> {
     let discover = scratch.join("discover");
     boot(
         &custom,
+        &init,
         &dmaprof,
         Vec::new(),
         format!(
             "/bin/dmaprof doctor --json > /out/doctor.json; \
              /bin/dmaprof run --json -b 4M -v {GUEST_CASE} -n 1 -o /tmp/o > /out/report.json 2> /out/stderr.txt"
         ),
-        "2G",
+        gib(2),
         &discover,
     )?;
     let report: Value = serde_json::from_str(&fs::read_to_string(discover.join("report.json"))?)
@@ -322,7 +344,7 @@ fn guest(args: &BenchArgs) -> Result<String> {
     let _ = write!(
         script,
         r#"up() {{ cut -d' ' -f1 /proc/uptime | tr -d .; }}
-B="/bin/dmaprof run --json -b {size} -v {GUEST_CASE} -n 3"
+B="/bin/dmaprof run --json -b {size_bytes} -v {GUEST_CASE} -n 3"
 one() {{ # name round dmaprof-options
   echo "R $1 $2"
   $B $3 -o /tmp/o > /dev/null 2> /tmp/err & dp=$!
@@ -337,24 +359,9 @@ one() {{ # name round dmaprof-options
   fi
   cp /tmp/o/report.json /out/$1-$2.json; rm -rf /tmp/o
 }}
-bt() {{ # name round script
-  rm -f /tmp/bt.out; : > /tmp/bt.out
-  t0=$(up); bpftrace $3 > /tmp/bt.out 2>&1 & bp=$!
-  n=0
-  while ! grep -q READY /tmp/bt.out && [ $n -lt 1200 ]; do kill -0 $bp 2>/dev/null || break; usleep 100000; n=$((n + 1)); done
-  if kill -0 $bp 2>/dev/null; then
-    echo "T $1 $2 $(( ($(up) - t0) * 10 ))"
-    one $1 $2 --no-trace
-    kill -INT $bp; wait $bp
-  elif kill -0 $bp 2>/dev/null; then
-    echo "F $1 $2 no READY after 120 s: $(head -c 300 /tmp/bt.out | tr '\n' ' ')"; kill -9 $bp; wait $bp
-  else
-    echo "F $1 $2 $(head -c 300 /tmp/bt.out | tr '\n' ' ')"
-  fi
-  cp /tmp/bt.out /out/$1-$2.bt
-}}
-"#,
-        size = args.size
+{bt}"#,
+        bt = bt_function(1200, "/tmp", "/out"),
+        size_bytes = args.size.bytes()
     );
     let names: Vec<&str> = GUEST_CONFIGS.iter().map(|c| c.name).collect();
     for round in 0..args.rounds {
@@ -377,7 +384,7 @@ bt() {{ # name round script
         script,
         "/bin/dmaprof run --json -b {} -v vfio_type1_iommu_anonymous.populate -n 1 -o /tmp/o > /dev/null 2> /tmp/err \
          || echo \"E rss 0 $? $(tail -1 /tmp/err)\"; cp /tmp/o/report.json /out/rss.json",
-        args.rss_size
+        args.rss_size.bytes()
     );
     eprintln!(
         "xtask: bench: {} rounds x {} configurations in one boot (TCG: this takes a while)",
@@ -385,7 +392,7 @@ bt() {{ # name round script
         GUEST_CONFIGS.len()
     );
     let dir = scratch.join("guest");
-    let console = boot(&custom, &dmaprof, host_files, script, "4G", &dir)?;
+    let console = boot(&custom, &init, &dmaprof, host_files, script, gib(4), &dir)?;
 
     let mut results: Results = BTreeMap::new();
     for c in GUEST_CONFIGS {
@@ -497,7 +504,7 @@ bt() {{ # name round script
         .and_then(|t| serde_json::from_str::<Value>(&t).ok());
     match rss.as_ref().and_then(|r| r["timing"]["peak_rss_kib"].as_u64()) {
         Some(kib) => {
-            let buffer_kib = size_kib(&args.rss_size).unwrap_or(0);
+            let buffer_kib = args.rss_size.bytes() >> 10;
             let _ = writeln!(
                 md,
                 "\n## Memory\n\nPeak RSS (VmHWM) of dmaprof during a {} `vfio_type1_iommu_anonymous.populate` run \
@@ -517,14 +524,16 @@ bt() {{ # name round script
 /// Boots `kernel` with `script` and returns the console; the guest's /out lands in `dir`.
 fn boot(
     kernel: &kernel::Kernel,
+    init: &Path,
     dmaprof: &Path,
     host_files: Vec<PathBuf>,
     script: String,
-    mem: &str,
+    mem: ByteSize,
     dir: &Path,
 ) -> Result<Vec<String>> {
     let plan = Plan {
         kernel,
+        init,
         dmaprof: Some(dmaprof),
         payload: Payload::Shell(script),
         mem,
@@ -568,6 +577,25 @@ fn bpftrace_files() -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// Waits until bpftrace's log (its stdout) shows READY (its BEGIN ran: every probe attached);
+/// returns how long that took, or why it never came (it exited, or `limit` passed).
+fn wait_ready(child: &mut std::process::Child, log: &Path, limit: Duration) -> Result<Duration, String> {
+    let started = Instant::now();
+    loop {
+        let text = fs::read_to_string(log).unwrap_or_default();
+        if text.contains("READY") {
+            return Ok(started.elapsed());
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!("exited ({status}) before READY: {}", text.trim()));
+        }
+        if started.elapsed() > limit {
+            return Err(format!("no READY after {} s: {}", limit.as_secs_f64(), text.trim()));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Host part: sampling-only dmaprof against `bpftrace profile:hz:4999` (the host has no kprobes).
 fn host(args: &BenchArgs) -> Result<String> {
     let dmaprof = build_release()?;
@@ -585,7 +613,7 @@ fn host(args: &BenchArgs) -> Result<String> {
         for c in HOST_CONFIGS[k..].iter().chain(&HOST_CONFIGS[..k]) {
             let out = dir.join(format!("{}-{round}", c.name));
             let mut cmd = Command::new(&dmaprof);
-            cmd.args(["run", "--json", "-b", &args.host_size, "-n", "3"])
+            cmd.args(["run", "--json", "-b", &args.host_size.bytes().to_string(), "-n", "3"])
                 .args(&variants)
                 .arg("-o")
                 .arg(&out)
@@ -599,26 +627,21 @@ fn host(args: &BenchArgs) -> Result<String> {
                 None => {
                     cmd.arg("--no-trace");
                     let log = dir.join(format!("{}-{round}.bt", c.name));
-                    let started = Instant::now();
                     let mut child = Command::new("bpftrace")
                         .arg(&script)
                         .stdout(fs::File::create(&log)?)
                         .stderr(Stdio::null())
                         .spawn()
                         .context("starting bpftrace")?;
-                    loop {
-                        if fs::read_to_string(&log).is_ok_and(|t| t.contains("READY")) {
-                            bt_ready.push(started.elapsed().as_secs_f64() * 1e3);
-                            break;
+                    match wait_ready(&mut child, &log, Duration::from_secs(120)) {
+                        Ok(took) => bt_ready.push(took.as_secs_f64() * 1e3),
+                        Err(why) => {
+                            // Not attached: a run now would be measured as traced by bpftrace.
+                            notes.push(format!("bpftrace {} round {round}: {why}", c.name));
+                            let _ = child.kill();
+                            let _ = child.wait();
+                            continue;
                         }
-                        if child.try_wait()?.is_some() || started.elapsed() > Duration::from_secs(120) {
-                            notes.push(format!(
-                                "bpftrace did not start in round {round}: {}",
-                                fs::read_to_string(&log).unwrap_or_default().trim()
-                            ));
-                            break;
-                        }
-                        std::thread::sleep(Duration::from_millis(20));
                     }
                     tracer = Some(child);
                 }
@@ -684,4 +707,103 @@ fn host(args: &BenchArgs) -> Result<String> {
         let _ = writeln!(md, "- {n}");
     }
     Ok(md)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    use super::*;
+
+    /// A scratch directory with executable `name`s holding `body` (sh scripts).
+    fn fake_bin(dir: &Path, name: &str, body: &str) {
+        let path = dir.join(name);
+        fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    /// Runs the guest's `bt` with the host's sh against a fake bpftrace; returns its stdout.
+    fn run_bt(case: &str, bpftrace: &str) -> String {
+        let dir = std::env::temp_dir().join(format!("xtask-bt-{}-{case}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let (bin, tmp, out) = (dir.join("bin"), dir.join("tmp"), dir.join("out"));
+        for d in [&bin, &tmp, &out] {
+            fs::create_dir_all(d).unwrap();
+        }
+        fake_bin(&bin, "bpftrace", bpftrace);
+        fake_bin(&bin, "usleep", "sleep 0.02");
+        let script = format!(
+            "up() {{ echo 100; }}\none() {{ echo \"ONE $1 $2 $3\"; }}\n{}bt bt_x 0 /tmp/x.bt\n",
+            bt_function(5, &tmp.to_string_lossy(), &out.to_string_lossy())
+        );
+        let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+        let o = Command::new("sh")
+            .arg("-c")
+            .arg(&script)
+            .env("PATH", path)
+            .output()
+            .unwrap();
+        let _ = fs::remove_dir_all(&dir);
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+
+    #[test]
+    fn bt_measures_only_an_attached_bpftrace() {
+        // Background jobs of sh ignore SIGINT, so the fake ends by itself.
+        let out = run_bt("ready", "echo READY; sleep 0.3");
+        assert!(
+            out.contains("T bt_x 0 ") && out.contains("ONE bt_x 0 --no-trace"),
+            "{out}"
+        );
+        assert!(!out.contains("F bt_x"), "{out}");
+
+        let out = run_bt("silent", "exec sleep 10");
+        assert!(out.contains("F bt_x 0 no READY after 0.5 s"), "{out}");
+        assert!(!out.contains("ONE") && !out.contains("T bt_x"), "{out}");
+
+        let out = run_bt("dies", "echo 'ERROR: cannot attach'; exit 1");
+        assert!(out.contains("F bt_x 0 ERROR: cannot attach"), "{out}");
+        assert!(!out.contains("ONE") && !out.contains("no READY"), "{out}");
+    }
+
+    #[test]
+    fn host_waits_for_ready_or_says_why_not() {
+        let dir = std::env::temp_dir().join(format!("xtask-ready-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let start = |body: &str, name: &str| {
+            let log = dir.join(name);
+            let child = Command::new("sh")
+                .args(["-c", body])
+                .stdout(fs::File::create(&log).unwrap())
+                .spawn()
+                .unwrap();
+            (child, log)
+        };
+        let (mut c, log) = start("echo READY; sleep 0.2", "ready");
+        assert!(wait_ready(&mut c, &log, Duration::from_secs(5)).is_ok());
+        let _ = c.wait();
+        let (mut c, log) = start("exec sleep 10", "silent");
+        let e = wait_ready(&mut c, &log, Duration::from_millis(200)).unwrap_err();
+        assert!(e.contains("no READY"), "{e}");
+        let _ = c.kill();
+        let _ = c.wait();
+        let (mut c, log) = start("echo oops; exit 3", "dies");
+        let e = wait_ready(&mut c, &log, Duration::from_secs(5)).unwrap_err();
+        assert!(e.contains("exited") && e.contains("oops"), "{e}");
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn sizes_parse_as_byte_sizes() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            bench: BenchArgs,
+        }
+        let cli = <Cli as clap::Parser>::try_parse_from(["bench", "--size", "32M", "--rss-size", "2G"]).unwrap();
+        assert_eq!(cli.bench.size.bytes(), 32 << 20);
+        assert_eq!(cli.bench.rss_size.bytes(), 2 << 30);
+        assert_eq!(cli.bench.host_size.bytes(), 512 << 20);
+        assert!(<Cli as clap::Parser>::try_parse_from(["bench", "--size", "1.5G"]).is_err());
+    }
 }

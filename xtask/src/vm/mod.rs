@@ -1,9 +1,10 @@
-//! The built-in QEMU test bed (see ../shared/notes/vm-testbed.md): boots a guest with a real
+//! The built-in QEMU test bed: boots a guest with a real
 //! VFIO/IOMMUFD kernel, runs `dmaprof <args>` in it and brings its output back to the host.
 //!
 //! - [`kernel`]: which kernel (custom, stock Debian, a user's bzImage), prepared once and cached.
 //! - [`initramfs`]: the guest's root (busybox, modules, dmaprof, `/init`) as a newc cpio.
-//! - [`qemu`]: one boot with a host-side deadline, console checks and the output transfer.
+//! - [`qemu`]: one boot with a host-side deadline and console checks.
+//! - [`transfer`]: the guest -> host protocol (exit marker, output archive on the data port).
 //! - [`tests`]: the VM part of `cargo xtask test`.
 //!
 //! Everything downloaded or built lives under `$DMAPROF_CACHE` (default `~/.cache/dmaprof`).
@@ -13,6 +14,7 @@ mod initramfs;
 mod kernel;
 mod qemu;
 mod tests;
+mod transfer;
 
 use std::{
     fs,
@@ -24,7 +26,10 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use clap::Args;
 
-use crate::build::build_static;
+use crate::{
+    build::{build_static, build_vm_init, static_dmaprof_path},
+    size::ByteSize,
+};
 
 /// Arguments of `cargo xtask vm`.
 #[derive(Args)]
@@ -37,10 +42,11 @@ pub struct VmArgs {
     /// With a bzImage: modules to load (an INSTALL_MOD_PATH root or a lib/modules/<kver> dir).
     #[arg(long)]
     modules: Option<PathBuf>,
-    /// Guest memory (QEMU -m). Default 2G, or N+3 G with --hugepages-1g N (1 GiB pages come
-    /// only from the RAM q35 puts above 4 GiB, less the top gigabyte the kernel takes).
-    #[arg(long)]
-    mem: Option<String>,
+    /// Guest memory (QEMU -m): 2G, 1536M; a bare number is MiB, as QEMU reads it. Default 2G,
+    /// or N+3 G with --hugepages-1g N (1 GiB pages come only from the RAM q35 puts above 4 GiB,
+    /// less the top gigabyte the kernel takes).
+    #[arg(long, value_parser = qemu_mem)]
+    mem: Option<ByteSize>,
     /// Guest CPUs.
     #[arg(long, default_value_t = 2)]
     smp: u32,
@@ -96,9 +102,11 @@ enum Payload {
 /// One guest run, fully described.
 struct Plan<'a> {
     kernel: &'a kernel::Kernel,
+    /// The static guest init (`build::build_vm_init`).
+    init: &'a Path,
     dmaprof: Option<&'a Path>,
     payload: Payload,
-    mem: &'a str,
+    mem: ByteSize,
     smp: u32,
     hugepages_1g: u32,
     hugepages_2m: u32,
@@ -147,6 +155,7 @@ fn execute(plan: Plan) -> std::result::Result<qemu::Outcome, qemu::BootError> {
     let setup_err = |e: anyhow::Error| qemu::BootError {
         kind: qemu::FailKind::NoExitMarker,
         message: format!("{e:#}"),
+        elapsed: Duration::ZERO,
     };
     let cache = cache_dir().map_err(setup_err)?;
     let work = cache.join("run").join(format!("{}-{}", std::process::id(), nanos()));
@@ -154,17 +163,17 @@ fn execute(plan: Plan) -> std::result::Result<qemu::Outcome, qemu::BootError> {
     let (payload, out_dir) = match plan.payload {
         Payload::Dmaprof(args) => {
             let (args, out) = guest_args(args);
-            let quoted: Vec<String> = args.iter().map(|a| initramfs::sh_quote(a)).collect();
-            (format!("/bin/dmaprof {}", quoted.join(" ")), out)
+            (Payload::Dmaprof(args), out)
         }
-        Payload::Shell(cmd) => (cmd, "/out".to_owned()),
+        shell @ Payload::Shell(_) => (shell, "/out".to_owned()),
     };
     let initrd = work.join("initramfs.cpio");
     let guest = initramfs::Guest {
+        init: plan.init,
         dmaprof: plan.dmaprof,
         modules: &plan.kernel.modules,
-        payload,
-        out_dir,
+        payload: &payload,
+        out_dir: &out_dir,
         hugepages_2m: plan.hugepages_2m,
         hugepages_1g: plan.hugepages_1g,
         host_files: &plan.host_files,
@@ -219,27 +228,28 @@ fn nanos() -> u128 {
 /// Guest memory when --mem is not given: q35 keeps 2 GiB below 4 GiB and 1 GiB pages fit only
 /// above it, where the kernel also takes the top gigabyte for itself (measured: N pages need
 /// N+3 GiB).
-fn default_mem(hugepages_1g: u32) -> String {
-    if hugepages_1g == 0 {
-        "2G".to_owned()
+fn default_mem(hugepages_1g: u32) -> ByteSize {
+    let gib = if hugepages_1g == 0 {
+        2
     } else {
-        format!("{}G", hugepages_1g + 3)
-    }
+        u64::from(hugepages_1g) + 3
+    };
+    ByteSize::new(gib << 30).expect("a whole number of GiB is a size")
 }
 
-/// QEMU's `-m` value in MiB (`2G`, `1536M`, `1536`).
-fn parse_mem_mib(mem: &str) -> Result<u64> {
-    let m = mem.trim();
-    let (num, mult) = match m.char_indices().last() {
-        Some((i, 'G' | 'g')) => (&m[..i], 1024),
-        Some((i, 'M' | 'm')) => (&m[..i], 1),
-        Some((i, 'T' | 't')) => (&m[..i], 1024 * 1024),
-        _ => (m, 1),
-    };
-    match num.parse::<u64>() {
-        Ok(n) if n > 0 => Ok(n * mult),
-        _ => bail!("--mem {mem}: expected a size such as 2G or 1536M"),
+/// `--mem` as QEMU's `-m` reads it: a size (`2G`, `1536M`), a bare number being MiB; whole MiB.
+fn qemu_mem(text: &str) -> Result<ByteSize, String> {
+    let t = text.trim();
+    let size = if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
+        format!("{t}M").parse::<ByteSize>()
+    } else {
+        t.parse::<ByteSize>()
     }
+    .map_err(|e| e.to_string())?;
+    if !size.is_multiple_of(1 << 20) {
+        return Err(format!("{size} is not a whole number of MiB (QEMU's -m unit)"));
+    }
+    Ok(size)
 }
 
 /// UTC `YYYYMMDD-HHMMSS` for output directory names.
@@ -288,11 +298,6 @@ fn unpack_archive(archive: &[u8], dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Where `build::build_static` puts the static dmaprof.
-fn static_path() -> PathBuf {
-    crate::build::workspace_root().join("target/x86_64-unknown-linux-gnu/release/dmaprof")
-}
-
 /// `cargo xtask vm`.
 pub fn run(args: VmArgs) -> Result<()> {
     if args.self_test {
@@ -303,9 +308,8 @@ pub fn run(args: VmArgs) -> Result<()> {
     if args.modules.is_some() && !matches!(choice, kernel::Choice::User { .. }) {
         bail!("--modules goes with --kernel <path to a bzImage>");
     }
-    let mem = args.mem.clone().unwrap_or_else(|| default_mem(args.hugepages_1g));
-    let mem_mib = parse_mem_mib(&mem)?;
-    if args.hugepages_1g > 0 && mem_mib < parse_mem_mib(&default_mem(args.hugepages_1g))? {
+    let mem = args.mem.unwrap_or_else(|| default_mem(args.hugepages_1g));
+    if args.hugepages_1g > 0 && mem < default_mem(args.hugepages_1g) {
         eprintln!(
             "xtask: warning: --mem {mem} leaves room for fewer than {} 1 GiB pages (needs about {})",
             args.hugepages_1g,
@@ -315,9 +319,10 @@ pub fn run(args: VmArgs) -> Result<()> {
     kernel::ensure_vm_packages()?;
     // A test command line gets dmaprof too when a static build is at hand (it is not built for it).
     let dmaprof = match &args.guest_cmd {
-        Some(_) => Some(static_path()).filter(|p| p.exists()),
+        Some(_) => Some(static_dmaprof_path()).filter(|p| p.exists()),
         None => Some(build_static()?),
     };
+    let init = build_vm_init()?;
     let cache = cache_dir()?;
     let kernel = kernel::prepare(&choice, args.modules.as_deref(), &cache)?;
     let payload = match args.guest_cmd {
@@ -330,9 +335,10 @@ pub fn run(args: VmArgs) -> Result<()> {
     );
     let outcome = execute(Plan {
         kernel: &kernel,
+        init: &init,
         dmaprof: dmaprof.as_deref(),
         payload,
-        mem: &mem,
+        mem,
         smp: args.smp,
         hugepages_1g: args.hugepages_1g,
         hugepages_2m: args.hugepages_2m,
@@ -376,7 +382,7 @@ pub fn run(args: VmArgs) -> Result<()> {
         outcome.exit_status
     );
     if outcome.exit_status != 0 {
-        // dmaprof's own exit status, as the issue asks.
+        // The exit status is dmaprof's own.
         std::process::exit(outcome.exit_status.clamp(1, 255));
     }
     Ok(())
@@ -387,7 +393,7 @@ pub fn run_default(args: Vec<String>) -> Result<()> {
     let mut all = vec!["run".to_owned()];
     // The guest has 2 GiB and emulated CPUs: 256 MiB per case keeps the whole matrix to
     // minutes (what the kernel selftests' -b would be for a quick run). -b overrides it.
-    if !args.iter().any(|a| a == "-b" || a.starts_with("--size")) {
+    if !has_size_option(&args) {
         all.extend(["-b".to_owned(), "256M".to_owned()]);
     }
     all.extend(args);
@@ -405,6 +411,35 @@ pub fn run_default(args: Vec<String>) -> Result<()> {
         self_test: false,
         args: all,
     })
+}
+
+/// Whether `dmaprof run` arguments give `-b`/`--size`, in any spelling clap accepts: `-b 1G`,
+/// `-b1G`, `-b=1G`, `--size 1G`, `--size=1G`. The values of the other short options (all of
+/// `dmaprof run`'s short options take one) are skipped, so `-v -b` is a variant named `-b`.
+fn has_size_option(args: &[String]) -> bool {
+    const VALUED_SHORT: [&str; 4] = ["-o", "-v", "-n", "-d"];
+    const VALUED_LONG: [&str; 7] = [
+        "--out",
+        "--variant",
+        "--iterations",
+        "--device",
+        "--prefault",
+        "--freq",
+        "--probes",
+    ];
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if a == "--" {
+            break;
+        }
+        if a == "--size" || a.starts_with("--size=") || (a.starts_with("-b") && !a.starts_with("--")) {
+            return true;
+        }
+        if VALUED_SHORT.contains(&a.as_str()) || VALUED_LONG.contains(&a.as_str()) {
+            it.next();
+        }
+    }
+    false
 }
 
 /// The VM part of `cargo xtask test`.
@@ -445,13 +480,39 @@ mod unit {
     }
 
     #[test]
+    fn size_option_in_every_spelling() {
+        for given in [
+            &["-b", "1G"][..],
+            &["-b1G"],
+            &["-b=1G"],
+            &["--size", "1G"],
+            &["--size=1G"],
+            &["-v", "x", "-b", "64M"],
+        ] {
+            assert!(has_size_option(&strings(given)), "{given:?}");
+        }
+        for given in [
+            &[][..],
+            &["-v", "-b"],
+            &["--variant", "-b1G"],
+            &["--sizes"],
+            &["--", "-b", "1G"],
+            &["-n", "1"],
+        ] {
+            assert!(!has_size_option(&strings(given)), "{given:?}");
+        }
+    }
+
+    #[test]
     fn mem_sizes() {
-        assert_eq!(parse_mem_mib("2G").unwrap(), 2048);
-        assert_eq!(parse_mem_mib("1536M").unwrap(), 1536);
-        assert_eq!(parse_mem_mib("512").unwrap(), 512);
-        assert!(parse_mem_mib("lots").is_err());
-        assert_eq!(default_mem(0), "2G");
-        assert_eq!(default_mem(2), "5G");
+        assert_eq!(qemu_mem("2G").unwrap().mib(), 2048);
+        assert_eq!(qemu_mem("1536M").unwrap().mib(), 1536);
+        assert_eq!(qemu_mem("512").unwrap().mib(), 512, "a bare number is MiB, as for QEMU");
+        assert!(qemu_mem("lots").is_err());
+        assert!(qemu_mem("0").is_err());
+        assert!(qemu_mem("1028K").is_err(), "not whole MiB");
+        assert_eq!(default_mem(0).mib(), 2048);
+        assert_eq!(default_mem(2).mib(), 5 << 10);
     }
 
     #[test]
@@ -488,13 +549,5 @@ mod unit {
         assert_eq!(&h[6..14], "00000002");
         assert_eq!(&h[14..22], "000081ed");
         assert_eq!(&h[54..62], "00000005");
-    }
-
-    #[test]
-    fn sh_quoting() {
-        assert_eq!(initramfs::sh_quote("-b"), "-b");
-        assert_eq!(initramfs::sh_quote("vfio_type1*"), "'vfio_type1*'");
-        assert_eq!(initramfs::sh_quote("it's"), r"'it'\''s'");
-        assert_eq!(initramfs::sh_quote(""), "''");
     }
 }

@@ -15,11 +15,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, Result, bail};
-use base64::Engine as _;
-use sha2::{Digest as _, Sha256};
+use anyhow::Result;
 
-use super::initramfs::{EXIT_MARKER, XFER_BEGIN, XFER_END};
+use crate::size::ByteSize;
+
+use super::transfer::{self, EXIT_MARKER};
 
 /// Console lines shown with a failure.
 const TAIL_LINES: usize = 30;
@@ -30,7 +30,7 @@ const GRACE: Duration = Duration::from_secs(3);
 pub struct Boot<'a> {
     pub kernel: &'a Path,
     pub initrd: &'a Path,
-    pub mem: &'a str,
+    pub mem: ByteSize,
     pub smp: u32,
     pub hugepages_1g: u32,
     /// Extra kernel command line.
@@ -66,6 +66,8 @@ pub enum FailKind {
 pub struct BootError {
     pub kind: FailKind,
     pub message: String,
+    /// From QEMU's start to the failure (waiting for the VM lock not included).
+    pub elapsed: Duration,
 }
 
 impl fmt::Display for BootError {
@@ -137,7 +139,7 @@ fn qemu_command(b: &Boot) -> Command {
         "-cpu",
         "qemu64,+pdpe1gb",
     ])
-    .args(["-smp", &b.smp.to_string(), "-m", b.mem])
+    .args(["-smp", &b.smp.to_string(), "-m", &format!("{}M", b.mem.mib())])
     .args(["-device", "intel-iommu,intremap=on,caching-mode=on", "-device", "edu"])
     .args(["-nographic", "-no-reboot", "-nodefaults", "-display", "none"])
     .args(["-serial", "stdio"])
@@ -162,9 +164,13 @@ fn kill(child: &mut Child) {
 /// Boots once. The console is read line by line until the exit marker, a fatal line, QEMU's exit or
 /// the deadline, whichever comes first; QEMU never outlives this call.
 pub fn boot(b: &Boot) -> std::result::Result<Outcome, BootError> {
-    let fail = |kind, message: String| BootError { kind, message };
     let _ = fs::remove_file(&b.data_file);
     let start = Instant::now();
+    let fail = |kind, message: String| BootError {
+        kind,
+        message,
+        elapsed: start.elapsed(),
+    };
     let mut child = qemu_command(b).spawn().map_err(|e| {
         fail(
             FailKind::NoExitMarker,
@@ -303,34 +309,7 @@ fn read_data_port(path: &Path) -> Result<Option<Vec<u8>>> {
     let Ok(bytes) = fs::read(path) else {
         return Ok(None);
     };
-    let text = String::from_utf8_lossy(&bytes);
-    let mut lines = text.lines().map(|l| l.trim_matches(['\r', ' ']));
-    if !lines.by_ref().any(|l| l == XFER_BEGIN) {
-        return Ok(None);
-    }
-    let mut b64 = String::new();
-    let mut end = None;
-    for l in lines {
-        if let Some(rest) = l.strip_prefix(XFER_END) {
-            end = Some(rest.to_owned());
-            break;
-        }
-        b64 += l;
-    }
-    let end = end.context("guest output transfer incomplete: no end marker on the data port")?;
-    let mut words = end.split_whitespace();
-    let (sha, size) = (words.next().unwrap_or_default(), words.next().unwrap_or_default());
-    let data = base64::engine::general_purpose::STANDARD
-        .decode(b64.as_bytes())
-        .context("guest output transfer corrupt: bad base64")?;
-    let got: String = Sha256::digest(&data).iter().map(|b| format!("{b:02x}")).collect();
-    if got != sha || data.len().to_string() != size {
-        bail!(
-            "guest output transfer corrupt: got {} bytes sha256 {got}, guest sent {size} bytes sha256 {sha}",
-            data.len()
-        );
-    }
-    Ok(Some(data))
+    transfer::decode(&String::from_utf8_lossy(&bytes)).map_err(anyhow::Error::msg)
 }
 
 /// Boots, retrying once when the guest kernel Oopses.

@@ -1,113 +1,251 @@
-//! The VM part of `cargo xtask test`: boots real guests and checks what dmaprof (and the harness
-//! itself) sees there. One line per test, then `vm: N passed, N failed, N skipped`.
+//! The VM part of `cargo xtask test`: boots real guests and checks what dmaprof (and the bed
+//! itself) does there. Each test is a function run by libtest-mimic, so the output is libtest's
+//! (`test NAME ... ok`, `test result: ...`). A test whose kernel cannot be prepared is reported
+//! as ignored, with the reason. Guest commands write their findings as JSON lines
+//! (`v key value ...` appends one object to `/out/verdict.jsonl`) and the host asserts on those
+//! and on dmaprof's own JSON, not on console lines.
 use std::{
     fs,
-    path::Path,
-    process::Command,
+    path::{Path, PathBuf},
+    sync::{Arc, OnceLock},
     time::{Duration, Instant},
 };
 
 use anyhow::{Result, bail};
+use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use serde_json::Value;
-use sha2::{Digest as _, Sha256};
 
-use super::{Payload, Plan, cache_dir, execute, kernel, qemu, unpack_archive};
-use crate::build::build_static;
+use super::{Payload, Plan, cache_dir, execute, kernel, qemu, transfer, unpack_archive};
+use crate::{
+    build::{build_static, build_vm_init},
+    size::ByteSize,
+};
 
 /// Host-side limit for a guest that should finish (stock kernels boot slower under TCG).
 const BOOT_TIMEOUT: Duration = Duration::from_secs(300);
 
-enum Verdict {
-    Ok(String),
-    Skipped(String),
-    Failed(String),
+/// A test's outcome: a note for the log, or what went wrong.
+type Outcome = Result<String, String>;
+
+/// The kernels the tests boot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum KernelName {
+    Custom,
+    Debian612,
+    Debian61,
 }
 
-/// A named test.
-type Test<'a> = (&'static str, Box<dyn Fn() -> Verdict + 'a>);
+impl KernelName {
+    const ALL: [Self; 3] = [Self::Custom, Self::Debian612, Self::Debian61];
 
-/// Runs every VM test (kernels are prepared first: a cold cache downloads and builds them).
-pub fn run(only: &[String]) -> Result<()> {
-    let started = Instant::now();
-    kernel::ensure_vm_packages()?;
-    let cache = cache_dir()?;
-    eprintln!("xtask: VM tests (cache {})", cache.display());
-    let custom = kernel::prepare(&kernel::Choice::Custom, None, &cache)?;
-    let debian = kernel::prepare(&kernel::Choice::Debian("debian-6.12"), None, &cache)?;
-    let debian_6_1 = kernel::prepare(&kernel::Choice::Debian("debian-6.1"), None, &cache)?;
-    let dmaprof = build_static()?;
-    let has_doctor = Command::new(&dmaprof)
-        .arg("--help")
-        .output()
-        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("doctor"));
-
-    let tests: Vec<Test> = vec![
-        (
-            "boot_custom_doctor",
-            Box::new(|| doctor(&custom, &dmaprof, has_doctor, true)),
-        ),
-        (
-            "boot_debian_6_12_doctor",
-            Box::new(|| doctor(&debian, &dmaprof, has_doctor, false)),
-        ),
-        ("guest_panic_or_hang_fails_fast", Box::new(|| panic_or_hang(&custom))),
-        ("guest_files_arrive_intact", Box::new(|| files_arrive(&custom))),
-        ("dma_matrix_custom", Box::new(|| dma_matrix_custom(&custom, &dmaprof))),
-        (
-            "dma_matrix_debian_6_12",
-            Box::new(|| dma_matrix_debian(&debian, &dmaprof)),
-        ),
-        (
-            "attribution_type1_and_iommufd",
-            Box::new(|| attribution(&custom, &dmaprof)),
-        ),
-        ("bad_devices_and_bind", Box::new(|| bad_devices(&custom, &dmaprof))),
-        (
-            "kernel_matrix_debian_6_1",
-            Box::new(|| kernel_matrix(&debian_6_1, &dmaprof, KERNEL_6_1)),
-        ),
-        (
-            "signals_leave_nothing_behind",
-            Box::new(|| signals_in_guest(&custom, &dmaprof)),
-        ),
-    ];
-    let (mut passed, mut failed, mut skipped) = (0, 0, 0);
-    for (name, test) in tests {
-        if !only.is_empty() && !only.iter().any(|o| name.contains(o.as_str())) {
-            continue;
-        }
-        let t = Instant::now();
-        let verdict = test();
-        let secs = t.elapsed().as_secs_f64();
-        match verdict {
-            Verdict::Ok(note) => {
-                passed += 1;
-                println!("vm test {name} ... ok ({secs:.1}s{note})");
-            }
-            Verdict::Skipped(why) => {
-                skipped += 1;
-                println!("vm test {name} ... SKIPPED: {why}");
-            }
-            Verdict::Failed(why) => {
-                failed += 1;
-                println!("vm test {name} ... FAILED: {why}");
-            }
+    fn choice(self) -> kernel::Choice {
+        match self {
+            Self::Custom => kernel::Choice::Custom,
+            Self::Debian612 => kernel::Choice::Debian("debian-6.12"),
+            Self::Debian61 => kernel::Choice::Debian("debian-6.1"),
         }
     }
+
+    fn index(self) -> usize {
+        Self::ALL.iter().position(|k| *k == self).expect("listed")
+    }
+}
+
+/// One VM test: its name, the kernel it boots, its body.
+struct VmTest {
+    name: &'static str,
+    kernel: KernelName,
+    run: fn(&Ctx) -> Outcome,
+}
+
+/// Every VM test, in the order they run.
+const TESTS: [VmTest; 10] = [
+    VmTest {
+        name: "boot_custom_doctor",
+        kernel: KernelName::Custom,
+        run: |c| doctor(c, true),
+    },
+    VmTest {
+        name: "boot_debian_6_12_doctor",
+        kernel: KernelName::Debian612,
+        run: |c| doctor(c, false),
+    },
+    VmTest {
+        name: "guest_panic_or_hang_fails_fast",
+        kernel: KernelName::Custom,
+        run: panic_or_hang,
+    },
+    VmTest {
+        name: "guest_files_arrive_intact",
+        kernel: KernelName::Custom,
+        run: files_arrive,
+    },
+    VmTest {
+        name: "dma_matrix_custom",
+        kernel: KernelName::Custom,
+        run: dma_matrix_custom,
+    },
+    VmTest {
+        name: "dma_matrix_debian_6_12",
+        kernel: KernelName::Debian612,
+        run: dma_matrix_debian,
+    },
+    VmTest {
+        name: "attribution_type1_and_iommufd",
+        kernel: KernelName::Custom,
+        run: attribution,
+    },
+    VmTest {
+        name: "bad_devices_and_bind",
+        kernel: KernelName::Custom,
+        run: bad_devices,
+    },
+    VmTest {
+        name: "kernel_matrix_debian_6_1",
+        kernel: KernelName::Debian61,
+        run: |c| kernel_matrix(c, KERNEL_6_1),
+    },
+    VmTest {
+        name: "signals_leave_nothing_behind",
+        kernel: KernelName::Custom,
+        run: signals_in_guest,
+    },
+];
+
+/// What every test shares: the static binaries and the kernels, each prepared on first use
+/// (a filtered run prepares only what its tests boot).
+struct Bed {
+    dmaprof: PathBuf,
+    init: PathBuf,
+    prepare: fn(KernelName) -> Result<kernel::Kernel>,
+    kernels: [OnceLock<Result<kernel::Kernel, String>>; 3],
+}
+
+impl Bed {
+    fn kernel(&self, name: KernelName) -> &Result<kernel::Kernel, String> {
+        self.kernels[name.index()].get_or_init(|| (self.prepare)(name).map_err(|e| format!("{e:#}")))
+    }
+}
+
+/// What a test body gets.
+struct Ctx<'a> {
+    kernel: &'a kernel::Kernel,
+    dmaprof: &'a Path,
+    init: &'a Path,
+}
+
+fn prepare_kernel(name: KernelName) -> Result<kernel::Kernel> {
+    kernel::prepare(&name.choice(), None, &cache_dir()?)
+}
+
+/// The libtest trials for `tests`: a test whose kernel cannot be prepared is ignored with the
+/// reason (printed loudly as well); a failed test's message says which check failed.
+fn trials(tests: &'static [VmTest], bed: &Arc<Bed>) -> Vec<Trial> {
+    tests
+        .iter()
+        .map(|t| {
+            let bed = Arc::clone(bed);
+            Trial::ignorable_test(t.name, move || {
+                let kernel = match bed.kernel(t.kernel) {
+                    Ok(k) => k,
+                    Err(why) => {
+                        let why = format!("its kernel ({:?}) could not be prepared: {why}", t.kernel);
+                        eprintln!("xtask: SKIPPED {}: {why}", t.name);
+                        return Ok(Completion::ignored_with(why));
+                    }
+                };
+                let ctx = Ctx {
+                    kernel,
+                    dmaprof: &bed.dmaprof,
+                    init: &bed.init,
+                };
+                let started = Instant::now();
+                let outcome = (t.run)(&ctx);
+                eprintln!(
+                    "xtask: {} took {:.1}s{}",
+                    t.name,
+                    started.elapsed().as_secs_f64(),
+                    outcome.as_ref().map(|n| n.as_str()).unwrap_or_default()
+                );
+                outcome.map(|_| Completion::Completed).map_err(Failed::from)
+            })
+        })
+        .collect()
+}
+
+/// libtest's arguments from `cargo xtask vm --self-test -- <args>`: libtest flags and one name
+/// filter as usual; several bare names select the tests whose names contain any of them.
+fn arguments(args: &[String]) -> (Arguments, Vec<String>) {
+    let names: Vec<String> = args.iter().filter(|a| !a.starts_with('-')).cloned().collect();
+    let only_names = names.len() > 1 && names.len() == args.len();
+    let passed = if only_names { &[][..] } else { args };
+    let mut parsed = Arguments::from_iter(std::iter::once("vm-tests".to_owned()).chain(passed.iter().cloned()));
+    // One VM at a time on this machine.
+    parsed.test_threads = Some(1);
+    (parsed, if only_names { names } else { Vec::new() })
+}
+
+/// Runs the VM tests (`filter`: libtest arguments, e.g. a name filter).
+pub fn run(filter: &[String]) -> Result<()> {
+    let started = Instant::now();
+    kernel::ensure_vm_packages()?;
+    eprintln!("xtask: VM tests (cache {})", cache_dir()?.display());
+    let bed = Arc::new(Bed {
+        dmaprof: build_static()?,
+        init: build_vm_init()?,
+        prepare: prepare_kernel,
+        kernels: Default::default(),
+    });
+    let (args, names) = arguments(filter);
+    let mut trials = trials(&TESTS, &bed);
+    if !names.is_empty() {
+        trials.retain(|t| names.iter().any(|n| t.name().contains(n.as_str())));
+    }
+    let conclusion = libtest_mimic::run(&args, trials);
     eprintln!("xtask: VM tests took {:.0}s", started.elapsed().as_secs_f64());
-    println!("vm: {passed} passed, {failed} failed, {skipped} skipped");
-    if failed > 0 {
-        bail!("{failed} VM test(s) failed");
+    if conclusion.has_failed() {
+        bail!("{} VM test(s) failed", conclusion.num_failed);
     }
     Ok(())
 }
 
-fn plan<'a>(kernel: &'a kernel::Kernel, dmaprof: Option<&'a Path>, payload: Payload) -> Plan<'a> {
+/// The guest side of the findings: `v key value [key value ...]` appends one JSON object (string
+/// values) to `$V` (default /out/verdict.jsonl).
+const PRELUDE: &str = r#"v() {
+  s='{'; sep=
+  while [ $# -ge 2 ]; do
+    s="$s$sep\"$1\":\"$(printf '%s' "$2" | tr -d '"\\')\""; sep=,; shift 2
+  done
+  echo "$s}" >> "${V:-/out/verdict.jsonl}"
+}
+"#;
+
+/// A guest shell payload with [`PRELUDE`] defined.
+fn shell(cmd: &str) -> Payload {
+    Payload::Shell(format!("{PRELUDE}{cmd}"))
+}
+
+/// The findings the guest wrote with `v` (one object per call, in order).
+fn findings(dir: &Path) -> Result<Vec<Value>, String> {
+    let text =
+        fs::read_to_string(dir.join("verdict.jsonl")).map_err(|e| format!("no verdict.jsonl from the guest: {e}"))?;
+    text.lines()
+        .map(|l| serde_json::from_str(l).map_err(|e| format!("verdict line {l:?} is not JSON: {e}")))
+        .collect()
+}
+
+/// The first finding whose `key` is `value`.
+fn finding<'a>(all: &'a [Value], key: &str, value: &str) -> Option<&'a Value> {
+    all.iter().find(|f| f[key] == value)
+}
+
+fn plan<'a>(c: &'a Ctx, with_dmaprof: bool, payload: Payload) -> Plan<'a> {
     Plan {
-        kernel,
-        dmaprof,
+        kernel: c.kernel,
+        init: c.init,
+        dmaprof: with_dmaprof.then_some(c.dmaprof),
         payload,
-        mem: "1G",
+        mem: ByteSize::new(1 << 30).expect("1 GiB"),
         smp: 2,
         hugepages_1g: 0,
         hugepages_2m: 0,
@@ -118,8 +256,8 @@ fn plan<'a>(kernel: &'a kernel::Kernel, dmaprof: Option<&'a Path>, payload: Payl
     }
 }
 
-/// Boots, expects exit status 0 and returns the console and the unpacked output dir.
-fn boot_ok(p: Plan, scratch: &Path) -> Result<Vec<String>, String> {
+/// Boots, expects exit status 0, unpacks the guest's output into `scratch`.
+fn boot_ok(p: Plan, scratch: &Path) -> Result<(), String> {
     let outcome = execute(p).map_err(|e| e.message)?;
     if outcome.exit_status != 0 {
         let tail: Vec<&str> = outcome
@@ -140,72 +278,38 @@ fn boot_ok(p: Plan, scratch: &Path) -> Result<Vec<String>, String> {
     if let Some(archive) = &outcome.archive {
         unpack_archive(archive, scratch).map_err(|e| format!("{e:#}"))?;
     }
-    Ok(outcome.console)
+    Ok(())
 }
 
-fn scratch(name: &str) -> std::path::PathBuf {
+fn scratch(name: &str) -> PathBuf {
     cache_dir()
         .unwrap_or_else(|_| std::env::temp_dir())
         .join("test-scratch")
         .join(name)
 }
 
-/// The edu device's BDF as the guest's /init printed it.
-fn edu_bdf(console: &[String]) -> Option<String> {
-    console.iter().find_map(|l| {
-        l.split("dmaprof-vm: edu device ")
-            .nth(1)?
-            .split_whitespace()
-            .next()
-            .map(str::to_owned)
-    })
-}
-
-fn doctor(k: &kernel::Kernel, dmaprof: &Path, has_doctor: bool, iommufd: bool) -> Verdict {
+fn doctor(c: &Ctx, iommufd: bool) -> Outcome {
     let dir = scratch("doctor");
-    if !has_doctor {
-        // Until dmaprof has `doctor`: check the same facts with busybox.
-        let mut cmd =
-            String::from("ls -d /dev/vfio/vfio /dev/vfio/[0-9]* && grep -q ' register_kprobe$' /proc/kallsyms");
-        if iommufd {
-            cmd += " && ls /dev/iommu /dev/vfio/devices/vfio0";
-        }
-        return match boot_ok(plan(k, None, Payload::Shell(cmd)), &dir) {
-            Ok(console) => match edu_bdf(&console) {
-                Some(_) if console.iter().any(|l| l.contains("driver vfio-pci iommu_group")) => {
-                    Verdict::Skipped("this dmaprof has no `doctor` yet (boot, vfio-pci binding and device nodes checked with busybox: ok)".to_owned())
-                }
-                _ => Verdict::Failed("the edu device is not bound to vfio-pci in an IOMMU group".to_owned()),
-            },
-            Err(e) => Verdict::Failed(e),
-        };
-    }
     // doctor's own exit status is not the verdict: its JSON is.
     let cmd = "/bin/dmaprof doctor --json > /out/doctor.json 2> /out/doctor.stderr; \
-               echo \"dmaprof-vm: doctor exit status $?\""
-        .to_owned();
-    let console = match boot_ok(plan(k, Some(dmaprof), Payload::Shell(cmd)), &dir) {
-        Ok(c) => c,
-        Err(e) => return Verdict::Failed(e),
-    };
-    let text = match fs::read_to_string(dir.join("doctor.json")) {
-        Ok(t) => t,
-        Err(e) => return Verdict::Failed(format!("no doctor.json from the guest: {e}{}", doctor_stderr(&dir))),
-    };
-    let json: Value = match serde_json::from_str(&text) {
-        Ok(v) => v,
-        Err(e) => {
-            return Verdict::Failed(format!(
-                "doctor --json is not JSON ({e}): {}{}",
-                text.chars().take(200).collect::<String>(),
-                doctor_stderr(&dir)
-            ));
-        }
-    };
-    match check_doctor(&json, iommufd, edu_bdf(&console).as_deref()) {
-        Ok(()) => Verdict::Ok(String::new()),
-        Err(e) => Verdict::Failed(e),
-    }
+               v doctor_exit $? bdf \"$VFIO_SELFTESTS_BDF\"";
+    boot_ok(plan(c, true, shell(cmd)), &dir)?;
+    let found = findings(&dir)?;
+    let bdf = found
+        .first()
+        .and_then(|f| f["bdf"].as_str())
+        .filter(|b| !b.is_empty())
+        .ok_or("the guest init exported no VFIO_SELFTESTS_BDF (no edu device found)")?;
+    let text = fs::read_to_string(dir.join("doctor.json"))
+        .map_err(|e| format!("no doctor.json from the guest: {e}{}", doctor_stderr(&dir)))?;
+    let json: Value = serde_json::from_str(&text).map_err(|e| {
+        format!(
+            "doctor --json is not JSON ({e}): {}{}",
+            text.chars().take(200).collect::<String>(),
+            doctor_stderr(&dir)
+        )
+    })?;
+    check_doctor(&json, iommufd, Some(bdf)).map(|()| String::new())
 }
 
 /// doctor's stderr, for failure messages.
@@ -216,7 +320,7 @@ fn doctor_stderr(dir: &Path) -> String {
     }
 }
 
-/// The issue's assertions on `dmaprof doctor --json`.
+/// What `dmaprof doctor --json` must say in the guest.
 fn check_doctor(json: &Value, iommufd: bool, bdf: Option<&str>) -> Result<(), String> {
     let mut caps = vec!["kprobes", "vfio_type1"];
     if iommufd {
@@ -249,93 +353,80 @@ fn check_doctor(json: &Value, iommufd: bool, bdf: Option<&str>) -> Result<(), St
     }
 }
 
-fn panic_or_hang(k: &kernel::Kernel) -> Verdict {
+fn panic_or_hang(c: &Ctx) -> Outcome {
+    // Times are QEMU's own (BootError::elapsed): waiting for another VM's lock does not count.
     // A kernel panic (no init to run) must end the boot at once with a message naming the panic.
     let timeout = Duration::from_secs(60);
-    let mut p = plan(k, None, Payload::Shell("true".to_owned()));
+    let mut p = plan(c, false, Payload::Shell("true".to_owned()));
     p.append = "rdinit=/nonexistent init=/nonexistent";
     p.timeout = timeout;
-    let t = Instant::now();
-    match execute(p) {
-        Ok(_) => return Verdict::Failed("a guest without init reported success".to_owned()),
+    let panic_secs = match execute(p) {
+        Ok(_) => return Err("a guest without init reported success".to_owned()),
         Err(e) if e.kind != qemu::FailKind::Panic || !e.message.contains("panic") => {
-            return Verdict::Failed(format!("expected a panic failure, got {:?}: {}", e.kind, e.message));
+            return Err(format!("expected a panic failure, got {:?}: {}", e.kind, e.message));
         }
-        Err(_) if t.elapsed() >= timeout => {
-            return Verdict::Failed(format!("panic noticed only after {:.0}s", t.elapsed().as_secs_f64()));
+        Err(e) if e.elapsed >= timeout => {
+            return Err(format!("panic noticed only after {:.0}s", e.elapsed.as_secs_f64()));
         }
-        Err(_) => {}
-    }
-    let panic_secs = t.elapsed().as_secs_f64();
+        Err(e) => e.elapsed.as_secs_f64(),
+    };
     // A hung guest must be stopped at the deadline.
     let timeout = Duration::from_secs(15);
-    let mut p = plan(k, None, Payload::Shell("sleep 100000".to_owned()));
+    let mut p = plan(c, false, Payload::Shell("sleep 100000".to_owned()));
     p.timeout = timeout;
-    let t = Instant::now();
     match execute(p) {
-        Ok(_) => Verdict::Failed("a hung guest reported success".to_owned()),
+        Ok(_) => Err("a hung guest reported success".to_owned()),
         Err(e) if e.kind != qemu::FailKind::Timeout => {
-            Verdict::Failed(format!("expected a timeout, got {:?}: {}", e.kind, e.message))
+            Err(format!("expected a timeout, got {:?}: {}", e.kind, e.message))
         }
-        Err(_) if t.elapsed() > timeout + Duration::from_secs(10) => Verdict::Failed(format!(
-            "hung guest stopped only after {:.0}s",
-            t.elapsed().as_secs_f64()
-        )),
-        Err(_) => Verdict::Ok(format!(
-            ", panic caught in {panic_secs:.1}s, hang stopped at {}s",
-            timeout.as_secs()
+        Err(e) if e.elapsed > timeout + Duration::from_secs(10) => {
+            Err(format!("hung guest stopped only after {:.0}s", e.elapsed.as_secs_f64()))
+        }
+        Err(e) => Ok(format!(
+            ", panic caught in {panic_secs:.1}s, hang stopped after {:.1}s",
+            e.elapsed.as_secs_f64()
         )),
     }
 }
 
-fn files_arrive(k: &kernel::Kernel) -> Verdict {
+fn files_arrive(c: &Ctx) -> Outcome {
     let dir = scratch("files");
     let cmd = "dd if=/dev/urandom of=/out/blob bs=64k count=16 2>/dev/null && mkdir -p /out/sub && \
-               echo hello > /out/sub/note.txt && echo \"BLOB-SHA256 $(sha256sum /out/blob)\""
+               echo hello > /out/sub/note.txt && v blob_sha256 \"$(sha256sum /out/blob | cut -d' ' -f1)\"";
+    boot_ok(plan(c, false, shell(cmd)), &dir)?;
+    let found = findings(&dir)?;
+    let want = found
+        .first()
+        .and_then(|f| f["blob_sha256"].as_str())
+        .filter(|s| s.len() == 64)
+        .ok_or_else(|| format!("the guest reported no sha256 for its file: {found:?}"))?
         .to_owned();
-    let console = match boot_ok(plan(k, None, Payload::Shell(cmd)), &dir) {
-        Ok(c) => c,
-        Err(e) => return Verdict::Failed(e),
-    };
-    let Some(want) = console.iter().find_map(|l| {
-        l.split("BLOB-SHA256 ")
-            .nth(1)?
-            .split_whitespace()
-            .next()
-            .map(str::to_owned)
-    }) else {
-        return Verdict::Failed("the guest printed no sha256 for its file".to_owned());
-    };
     let blob = match fs::read(dir.join("blob")) {
         Ok(b) => b,
-        Err(e) => return Verdict::Failed(format!("blob did not arrive: {e}")),
+        Err(e) => return Err(format!("blob did not arrive: {e}")),
     };
-    let got: String = Sha256::digest(&blob).iter().map(|b| format!("{b:02x}")).collect();
+    let got = transfer::sha256_hex(&blob);
     if got != want || blob.len() != 1 << 20 {
-        return Verdict::Failed(format!(
+        return Err(format!(
             "blob differs: {} bytes sha256 {got}, guest had 1048576 bytes sha256 {want}",
             blob.len()
         ));
     }
     if fs::read_to_string(dir.join("sub/note.txt")).ok().as_deref() != Some("hello\n") {
-        return Verdict::Failed("sub/note.txt did not arrive intact".to_owned());
+        return Err("sub/note.txt did not arrive intact".to_owned());
     }
     let _ = fs::remove_dir_all(&dir);
-    Verdict::Ok(String::new())
+    Ok(String::new())
 }
 
 /// Runs `dmaprof run --json <args> -o /out` in the guest; returns report.json as parsed.
-fn guest_run(k: &kernel::Kernel, dmaprof: &Path, name: &str, args: &str) -> Result<Value, String> {
+fn guest_run(c: &Ctx, name: &str, args: &str) -> Result<Value, String> {
     let dir = scratch(name);
-    let cmd = format!(
-        "/bin/dmaprof run --json -o /out {args} > /out/stdout.json 2> /out/stderr.txt; echo \"dmaprof-vm: run exit status $?\""
-    );
-    let console = boot_ok(plan(k, Some(dmaprof), Payload::Shell(cmd)), &dir)?;
-    let status = console.iter().find_map(|l| {
-        l.split("dmaprof-vm: run exit status ")
-            .nth(1)
-            .map(|s| s.trim().to_owned())
-    });
+    let cmd = format!("/bin/dmaprof run --json -o /out {args} > /out/stdout.json 2> /out/stderr.txt; v run_exit $?");
+    boot_ok(plan(c, true, shell(&cmd)), &dir)?;
+    let status = findings(&dir)?
+        .first()
+        .and_then(|f| f["run_exit"].as_str().map(str::to_owned));
     let stderr = fs::read_to_string(dir.join("stderr.txt")).unwrap_or_default();
     if status.as_deref() != Some("0") {
         let tail: Vec<&str> = stderr
@@ -383,15 +474,12 @@ fn ns(v: &Value) -> f64 {
     v.as_f64().unwrap_or(0.0)
 }
 
-/// Issue 4: every mode x backing x prefault the custom kernel supports runs and reports every
+/// Every mode x backing x prefault the custom kernel supports runs and reports every
 /// phase; iommufd maps memfd with IOMMU_IOAS_MAP_FILE.
-fn dma_matrix_custom(k: &kernel::Kernel, dmaprof: &Path) -> Verdict {
+fn dma_matrix_custom(c: &Ctx) -> Outcome {
     let args = "-b 64M -v '*_anonymous' -v '*_anonymous_hugetlb_2mb' -v '*_memfd' -v '*_memfd_hugetlb_2mb' \
                 --prefault none,populate -n 1";
-    let r = match guest_run(k, dmaprof, "matrix-custom", args) {
-        Ok(r) => r,
-        Err(e) => return Verdict::Failed(e),
-    };
+    let r = guest_run(c, "matrix-custom", args)?;
     let mut problems = check_features(&r, KERNEL_CUSTOM);
     if r["failed"].as_array().is_some_and(|f| !f.is_empty()) {
         problems.push(format!("failed cases: {}", r["failed"]));
@@ -452,24 +540,16 @@ fn dma_matrix_custom(k: &kernel::Kernel, dmaprof: &Path) -> Verdict {
         }
     }
     if problems.is_empty() {
-        Verdict::Ok(format!(", {ran} cases"))
+        Ok(format!(", {ran} cases"))
     } else {
-        Verdict::Failed(problems.join("; "))
+        Err(problems.join("; "))
     }
 }
 
-/// Issue 4 on a stock kernel: type1 runs, iommufd modes are skipped with the reason; and the
+/// On a stock kernel: type1 runs, iommufd modes are skipped with the reason; and the
 /// probe table reports rows it could not attach (vfio_dma_do_map is inlined on Debian).
-fn dma_matrix_debian(k: &kernel::Kernel, dmaprof: &Path) -> Verdict {
-    let r = match guest_run(
-        k,
-        dmaprof,
-        "matrix-debian",
-        "-b 64M -v '*_anonymous' --prefault populate -n 1",
-    ) {
-        Ok(r) => r,
-        Err(e) => return Verdict::Failed(e),
-    };
+fn dma_matrix_debian(c: &Ctx) -> Outcome {
+    let r = guest_run(c, "matrix-debian", "-b 64M -v '*_anonymous' --prefault populate -n 1")?;
     let mut problems = check_features(&r, KERNEL_6_12);
     for m in ["vfio_type1_iommu", "vfio_type1v2_iommu"] {
         if let Err(e) = case(&r, &format!("{m}_anonymous.populate")).and_then(|c| phase(c, "map")) {
@@ -505,20 +585,17 @@ fn dma_matrix_debian(k: &kernel::Kernel, dmaprof: &Path) -> Verdict {
         problems.push("vfio_pin_pages_remote did not attach on debian-6.12".into());
     }
     if problems.is_empty() {
-        Verdict::Ok(String::new())
+        Ok(String::new())
     } else {
-        Verdict::Failed(problems.join("; "))
+        Err(problems.join("; "))
     }
 }
 
-/// Issue 5: the exact breakdown, cross-checked by samples, on type1 4 KiB-page anonymous memory.
-fn attribution(k: &kernel::Kernel, dmaprof: &Path) -> Verdict {
+/// The exact breakdown, cross-checked by samples, on type1 4 KiB-page anonymous memory.
+fn attribution(c: &Ctx) -> Outcome {
     let args =
         "-b 256M -v vfio_type1_iommu_anonymous -v 'iommufd*_anonymous_hugetlb_2mb' --prefault none,populate -n 3";
-    let r = match guest_run(k, dmaprof, "attribution", args) {
-        Ok(r) => r,
-        Err(e) => return Verdict::Failed(e),
-    };
+    let r = guest_run(c, "attribution", args)?;
     let mut problems = Vec::new();
     let mut notes = Vec::new();
     let get = |case_name: &str, p: &str| case(&r, case_name).and_then(|c| phase(c, p)).cloned();
@@ -659,34 +736,28 @@ fn attribution(k: &kernel::Kernel, dmaprof: &Path) -> Verdict {
         )),
     }
     if problems.is_empty() {
-        Verdict::Ok(format!(", {}", notes.join(", ")))
+        Ok(format!(", {}", notes.join(", ")))
     } else {
-        Verdict::Failed(problems.join("; "))
+        Err(problems.join("; "))
     }
 }
 
-/// Issue 4: bad devices get one clear line and exit 2; --bind binds and restores.
-fn bad_devices(k: &kernel::Kernel, dmaprof: &Path) -> Verdict {
+/// Bad devices get one clear line and exit 2; --bind binds and restores.
+fn bad_devices(c: &Ctx) -> Outcome {
     let dir = scratch("bad-devices");
     let run = "/bin/dmaprof run -b 16M -v vfio_type1_iommu_anonymous.none -n 1 -o /tmp/o";
     let cmd = format!(
         "E=/sys/bus/pci/devices/$VFIO_SELFTESTS_BDF; \
-         {run} -d 0000:00:1f.7 2> /out/nodev.txt; echo \"T nodev $?\"; \
-         {run} -d zz:00 2> /out/malformed.txt; echo \"T malformed $?\"; \
+         {run} -d 0000:00:1f.7 2> /out/nodev.txt; v t nodev result $?; \
+         {run} -d zz:00 2> /out/malformed.txt; v t malformed result $?; \
          echo $VFIO_SELFTESTS_BDF > $E/driver/unbind; echo > $E/driver_override; \
-         {run} 2> /out/unbound.txt; echo \"T unbound $?\"; \
-         {run} --bind > /dev/null 2> /out/bind.txt; echo \"T bind $?\"; \
-         echo \"T after $(basename $(readlink $E/driver 2>/dev/null || echo none))\""
+         {run} 2> /out/unbound.txt; v t unbound result $?; \
+         {run} --bind > /dev/null 2> /out/bind.txt; v t bind result $?; \
+         v t after result \"$(basename $(readlink $E/driver 2>/dev/null || echo none))\""
     );
-    let console = match boot_ok(plan(k, Some(dmaprof), Payload::Shell(cmd)), &dir) {
-        Ok(c) => c,
-        Err(e) => return Verdict::Failed(e),
-    };
-    let result = |t: &str| {
-        console
-            .iter()
-            .find_map(|l| l.split(&format!("T {t} ")).nth(1).map(|s| s.trim().to_owned()))
-    };
+    boot_ok(plan(c, true, shell(&cmd)), &dir)?;
+    let found = findings(&dir)?;
+    let result = |t: &str| finding(&found, "t", t).and_then(|f| f["result"].as_str().map(str::to_owned));
     let stderr = |f: &str| fs::read_to_string(dir.join(f)).unwrap_or_default();
     let mut problems = Vec::new();
     for (t, file, needle) in [
@@ -716,9 +787,9 @@ fn bad_devices(k: &kernel::Kernel, dmaprof: &Path) -> Verdict {
         ));
     }
     if problems.is_empty() {
-        Verdict::Ok(String::new())
+        Ok(String::new())
     } else {
-        Verdict::Failed(problems.join("; "))
+        Err(problems.join("; "))
     }
 }
 
@@ -746,15 +817,15 @@ const KERNEL_CUSTOM: &[(&str, bool)] = &[
     ("iommu_map_batched_sync", true),
 ];
 
-/// Signals sent in the guest (issue 6 asks for at least 30 interrupted runs; a SIGINT that
+/// Signals sent in the guest (at least 30 runs must be interrupted; a SIGINT that
 /// arrives before dmaprof installs its handler is ignored, as sh ignores it for background jobs,
 /// and such a run completes normally).
 const SIGNAL_RUNS: u32 = 40;
 
-/// Issue 6: SIGINT/SIGTERM/SIGHUP at random moments of real VFIO/IOMMUFD runs leave nothing
+/// SIGINT/SIGTERM/SIGHUP at random moments of real VFIO/IOMMUFD runs leave nothing
 /// behind: no dmaprof BPF program, link, kprobe event or process, hugepage pools as before, the
 /// device unbound again after `--bind`, and an interrupted report marked partial.
-fn signals_in_guest(k: &kernel::Kernel, dmaprof: &Path) -> Verdict {
+fn signals_in_guest(c: &Ctx) -> Outcome {
     let dir = scratch("signals");
     // One uninterrupted run first calibrates how long a run takes in this boot; the even runs'
     // signals land uniformly over 0..85% of that (set-up, untraced reference, probe attach,
@@ -767,9 +838,9 @@ echo $VFIO_SELFTESTS_BDF > $E/driver/unbind; echo > $E/driver_override
 hp() {{ cat /sys/kernel/mm/hugepages/*/nr_hugepages | tr '\n' ,; }}
 drv() {{ basename $(readlink $E/driver 2>/dev/null || echo none); }}
 up() {{ cut -d' ' -f1 /proc/uptime | tr -d .; }}
-echo "S before $(hp) $(drv)"
+v step before hp "$(hp)" drv "$(drv)"
 t0=$(up); {run} -o /tmp/cal > /dev/null 2> /out/cal.txt; rc=$?; T=$(( ($(up) - t0) * 10 ))
-echo "S calibrate $rc $T"
+v step calibrate rc $rc ms $T
 i=0
 while [ $i -lt {SIGNAL_RUNS} ]; do
   case $((i % 3)) in 0) s=INT;; 1) s=TERM;; *) s=HUP;; esac
@@ -784,43 +855,35 @@ while [ $i -lt {SIGNAL_RUNS} ]; do
   usleep $((d * 1000)); kill -$s $p; wait $p; rc=$?
   /bin/dmaprof doctor --leftovers > /out/l$i.txt 2>&1; l=$?
   part=$(grep -c '"partial": true' /tmp/r$i/report.json 2>/dev/null)
-  echo "S run $i $s $d $rc $l $(hp) $(drv) ${{part:-none}}"
+  v step run i $i sig $s delay $d rc $rc leftovers $l hp "$(hp)" drv "$(drv)" partial "${{part:-none}}"
   rm -rf /tmp/r$i
   i=$((i + 1))
 done"#
     );
-    let mut p = plan(k, Some(dmaprof), Payload::Shell(cmd));
+    let mut p = plan(c, true, shell(&cmd));
     p.timeout = Duration::from_secs(900);
-    let console = match boot_ok(p, &dir) {
-        Ok(c) => c,
-        Err(e) => return Verdict::Failed(e),
+    boot_ok(p, &dir)?;
+    let found = findings(&dir)?;
+    let field = |f: &Value, k: &str| f[k].as_str().unwrap_or("?").to_owned();
+    let Some(before) = finding(&found, "step", "before") else {
+        return Err("the guest script reported no `before` step".into());
     };
-    let lines: Vec<Vec<&str>> = console
-        .iter()
-        .filter_map(|l| l.split("S ").nth(1).filter(|_| l.starts_with("S ")))
-        .map(|l| l.split_whitespace().collect())
-        .collect();
-    let Some(before) = lines.iter().find(|l| l.first() == Some(&"before")) else {
-        return Verdict::Failed("the guest script printed no `before` line".into());
-    };
-    let (hp0, drv0) = (before[1], before[2]);
+    let (hp0, drv0) = (field(before, "hp"), field(before, "drv"));
     let mut problems = Vec::new();
-    match lines.iter().find(|l| l.first() == Some(&"calibrate")) {
-        Some(l) if l[1] == "0" => {}
+    match finding(&found, "step", "calibrate") {
+        Some(f) if f["rc"] == "0" => {}
         other => problems.push(format!(
             "the uninterrupted calibration run failed: {other:?}: {}",
             fs::read_to_string(dir.join("cal.txt")).unwrap_or_default()
         )),
     }
     let (mut interrupted, mut places) = (0, std::collections::BTreeMap::<String, u32>::new());
-    let runs: Vec<&Vec<&str>> = lines.iter().filter(|l| l.first() == Some(&"run")).collect();
+    let runs: Vec<&Value> = found.iter().filter(|f| f["step"] == "run").collect();
     for r in &runs {
-        let [_, i, sig, delay, rc, leftovers, hp, drv, partial] = r[..] else {
-            problems.push(format!("malformed guest line {r:?}"));
-            continue;
-        };
+        let [i, sig, delay, rc, leftovers, hp, drv, partial] =
+            ["i", "sig", "delay", "rc", "leftovers", "hp", "drv", "partial"].map(|k| field(r, k));
         let stderr = fs::read_to_string(dir.join(format!("e{i}.txt"))).unwrap_or_default();
-        let want = match sig {
+        let want = match sig.as_str() {
             "INT" => "130",
             "TERM" => "143",
             _ => "129",
@@ -874,13 +937,13 @@ done"#
     }
     if problems.is_empty() {
         let places: Vec<String> = places.into_iter().map(|(p, n)| format!("{p} x{n}")).collect();
-        Verdict::Ok(format!(
+        Ok(format!(
             ", {interrupted}/{} runs interrupted, landed in: {}",
             runs.len(),
             places.join(", ")
         ))
     } else {
-        Verdict::Failed(problems.join("; "))
+        Err(problems.join("; "))
     }
 }
 
@@ -896,19 +959,15 @@ fn check_features(r: &Value, expect: &[(&str, bool)]) -> Vec<String> {
         .collect()
 }
 
-/// Issue 6, kernel matrix: on a stock kernel every selected case runs or is skipped with a
+/// Kernel matrix: on a stock kernel every selected case runs or is skipped with a
 /// reason, every probe row attaches or says why, nothing crashes, and report.json records the
 /// kernel's facts.
-fn kernel_matrix(k: &kernel::Kernel, dmaprof: &Path, expect: &[(&str, bool)]) -> Verdict {
-    let r = match guest_run(
-        k,
-        dmaprof,
+fn kernel_matrix(c: &Ctx, expect: &[(&str, bool)]) -> Outcome {
+    let r = guest_run(
+        c,
         "kernel-matrix",
         "-b 32M -v '*_anonymous' -v '*_memfd' -v '*_anonymous_hugetlb_2mb' --prefault none,populate -n 1",
-    ) {
-        Ok(r) => r,
-        Err(e) => return Verdict::Failed(e),
-    };
+    )?;
     let mut problems = check_features(&r, expect);
     if r["failed"].as_array().is_some_and(|f| !f.is_empty()) {
         problems.push(format!("failed cases: {}", r["failed"]));
@@ -952,7 +1011,7 @@ fn kernel_matrix(k: &kernel::Kernel, dmaprof: &Path, expect: &[(&str, bool)]) ->
                     .collect()
             })
             .unwrap_or_default();
-        Verdict::Ok(format!(
+        Ok(format!(
             ", Linux {}: {} cases ran, {} skipped, {attached}/{} probes attached, has [{}]",
             r["kernel"]["release"].as_str().unwrap_or("?"),
             ran.len(),
@@ -961,6 +1020,115 @@ fn kernel_matrix(k: &kernel::Kernel, dmaprof: &Path, expect: &[(&str, bool)]) ->
             has.join(" ")
         ))
     } else {
-        Verdict::Failed(problems.join("; "))
+        Err(problems.join("; "))
+    }
+}
+
+#[cfg(test)]
+mod unit {
+    use super::*;
+
+    fn pass(_: &Ctx) -> Outcome {
+        Ok(String::new())
+    }
+
+    fn fail(_: &Ctx) -> Outcome {
+        Err("report.json: map_ioctl is VFIO_IOMMU_MAP_DMA (want IOMMU_IOAS_MAP)".into())
+    }
+
+    static FAKE: [VmTest; 4] = [
+        VmTest {
+            name: "a_passes",
+            kernel: KernelName::Custom,
+            run: pass,
+        },
+        VmTest {
+            name: "b_kernel_missing",
+            kernel: KernelName::Debian61,
+            run: pass,
+        },
+        VmTest {
+            name: "c_fails",
+            kernel: KernelName::Custom,
+            run: fail,
+        },
+        VmTest {
+            name: "d_kernel_missing_too",
+            kernel: KernelName::Debian61,
+            run: fail,
+        },
+    ];
+
+    fn fake_prepare(k: KernelName) -> Result<kernel::Kernel> {
+        if k == KernelName::Debian61 {
+            bail!("the archive cannot be reached");
+        }
+        Ok(kernel::Kernel {
+            label: "fake".into(),
+            image: "/nonexistent".into(),
+            modules: Vec::new(),
+        })
+    }
+
+    #[test]
+    fn skips_are_counted_and_failures_fail() {
+        let bed = Arc::new(Bed {
+            dmaprof: "/nonexistent".into(),
+            init: "/nonexistent".into(),
+            prepare: fake_prepare,
+            kernels: Default::default(),
+        });
+        let (mut args, names) = arguments(&[]);
+        assert!(names.is_empty());
+        // libtest's report goes to a file here, not into this test run's own output.
+        let log = std::env::temp_dir().join(format!("xtask-harness-{}.log", std::process::id()));
+        args.logfile = Some(log.to_string_lossy().into_owned());
+        let c = libtest_mimic::run(&args, trials(&FAKE, &bed));
+        let text = fs::read_to_string(&log).unwrap_or_default();
+        let _ = fs::remove_file(&log);
+        assert_eq!((c.num_passed, c.num_failed, c.num_ignored), (1, 1, 2), "{text}");
+        assert!(c.has_failed());
+        assert!(
+            text.contains("map_ioctl is VFIO_IOMMU_MAP_DMA"),
+            "the failed check is named: {text}"
+        );
+        assert!(
+            text.contains("the archive cannot be reached"),
+            "the skip reason is shown: {text}"
+        );
+        assert!(text.contains("1 passed; 1 failed; 2 ignored"), "{text}");
+    }
+
+    #[test]
+    fn names_select_tests() {
+        let s = |v: &[&str]| v.iter().map(|a| (*a).to_owned()).collect::<Vec<_>>();
+        let (args, names) = arguments(&s(&["boot_custom_doctor"]));
+        assert_eq!(args.filter.as_deref(), Some("boot_custom_doctor"));
+        assert!(names.is_empty());
+        let (args, names) = arguments(&s(&["doctor", "files"]));
+        assert_eq!(args.filter, None);
+        assert_eq!(names, s(&["doctor", "files"]));
+        let (args, _) = arguments(&s(&["--exact", "dma_matrix_custom"]));
+        assert!(args.exact);
+        assert_eq!(args.test_threads, Some(1));
+    }
+
+    #[test]
+    fn guest_findings_are_json_lines() {
+        let dir = std::env::temp_dir().join(format!("xtask-findings-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let script = format!("{PRELUDE}v t nodev result 2\nv blob_sha256 \"a\\\"b\\\\c d\"\n");
+        let status = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(&script)
+            .env("V", dir.join("verdict.jsonl"))
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let found = findings(&dir).unwrap();
+        let _ = fs::remove_dir_all(&dir);
+        assert_eq!(found.len(), 2);
+        assert_eq!(finding(&found, "t", "nodev").unwrap()["result"], "2");
+        assert_eq!(found[1]["blob_sha256"], "abc d", "quotes and backslashes are dropped");
     }
 }
