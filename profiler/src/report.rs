@@ -52,10 +52,8 @@ pub struct Report {
 /// dmaprof's own costs, for `cargo xtask bench`.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Timing {
-    /// From process start to every requested probe attached (includes the untraced reference).
+    /// From process start to every requested probe attached.
     pub start_to_attached_ns: u64,
-    /// The untraced reference iterations inside that span (workload time, not start-up).
-    pub reference_ns: u64,
     /// Loading the BPF object and attaching the probes.
     pub attach_ns: u64,
     /// Peak resident set of the dmaprof process (VmHWM), the workload's buffers included.

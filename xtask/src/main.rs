@@ -47,9 +47,9 @@ fn main() -> ExitCode {
         Command::Setup => setup::ensure_build_deps(),
         Command::Build => build::build_release().map(|_| ()),
         Command::Run(args) => build::run(args),
-        Command::Test(args) => test::run(args),
+        Command::Test(args) => test::run(&args),
         Command::Vm(args) => vm::run(args),
-        Command::Bench(args) => vm::bench::run(args),
+        Command::Bench(args) => vm::bench::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

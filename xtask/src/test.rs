@@ -21,7 +21,7 @@ pub struct TestArgs {
 }
 
 /// Runs lint, unit, host integration and VM tests.
-pub fn run(args: TestArgs) -> Result<()> {
+pub fn run(args: &TestArgs) -> Result<()> {
     let root = workspace_root();
     build_release()?;
     run_cmd(
@@ -37,6 +37,18 @@ pub fn run(args: TestArgs) -> Result<()> {
         "--package",
         "xtask",
         "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    // The BPF/user ABI types as the host compiles them (the programs themselves are linted by
+    // the workspace lints when build.rs compiles them for the BPF target).
+    run_cmd(Command::new("cargo").current_dir(&root).args([
+        "clippy",
+        "--release",
+        "--package",
+        "profiler-ebpf",
+        "--lib",
         "--",
         "-D",
         "warnings",

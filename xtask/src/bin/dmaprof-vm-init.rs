@@ -130,7 +130,7 @@ fn set_up() {
     unsafe { libc::uname(&mut uts) };
     // SAFETY: the kernel NUL-terminates release.
     let release = unsafe { std::ffi::CStr::from_ptr(uts.release.as_ptr()) }.to_string_lossy();
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
     let mem = fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|m| {

@@ -62,7 +62,7 @@ fn system_mirrors() -> (String, String) {
         }
     }
     let main = main.unwrap_or_else(|| "http://deb.debian.org/debian".to_owned());
-    let security = security.unwrap_or_else(|| format!("{}-security", main));
+    let security = security.unwrap_or_else(|| format!("{main}-security"));
     (main, security)
 }
 

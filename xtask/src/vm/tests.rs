@@ -165,7 +165,7 @@ fn trials(tests: &'static [VmTest], bed: &Arc<Bed>) -> Vec<Trial> {
                     "xtask: {} took {:.1}s{}",
                     t.name,
                     started.elapsed().as_secs_f64(),
-                    outcome.as_ref().map(|n| n.as_str()).unwrap_or_default()
+                    outcome.as_ref().map(String::as_str).unwrap_or_default()
                 );
                 outcome.map(|_| Completion::Completed).map_err(Failed::from)
             })
@@ -593,8 +593,8 @@ fn dma_matrix_debian(c: &Ctx) -> Outcome {
 
 /// The exact breakdown, cross-checked by samples, on type1 4 KiB-page anonymous memory.
 fn attribution(c: &Ctx) -> Outcome {
-    let args =
-        "-b 256M -v vfio_type1_iommu_anonymous -v 'iommufd*_anonymous_hugetlb_2mb' --prefault none,populate -n 3";
+    let args = "-b 256M -v vfio_type1_iommu_anonymous -v 'iommufd*_anonymous_hugetlb_2mb' --prefault none,populate -n 3 \
+         --traced-iterations 3";
     let r = guest_run(c, "attribution", args)?;
     let mut problems = Vec::new();
     let mut notes = Vec::new();
@@ -729,7 +729,7 @@ fn attribution(c: &Ctx) -> Outcome {
         calls("iommufd_anonymous_hugetlb_2mb.populate"),
     ) {
         (Some(compat), Some(native)) if compat >= native * 4.0 => {
-            notes.push(format!("iommu_map calls compat {compat} vs iommufd {native}"))
+            notes.push(format!("iommu_map calls compat {compat} vs iommufd {native}"));
         }
         other => problems.push(format!(
             "iommu_map calls (compat_type1, iommufd) = {other:?}: compat should be many times more"

@@ -168,7 +168,7 @@ fn extract_modules(tree: &Path, dest: &Path) -> Result<()> {
         .find(|b| b.join("lib/modules").is_dir())
         .with_context(|| format!("no lib/modules in {}", tree.display()))?;
     let kvers: Vec<String> = fs::read_dir(base.join("lib/modules"))?
-        .filter_map(|e| e.ok())
+        .filter_map(Result::ok)
         .filter(|e| e.path().join("kernel").is_dir())
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
