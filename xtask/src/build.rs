@@ -62,6 +62,25 @@ pub fn build_vm_init() -> Result<PathBuf> {
     cargo_build("xtask", "dmaprof-vm-init", Some(STATIC_TARGET))
 }
 
+/// Builds the C reference for untraced map times (`xtask/guest/dma_map_ref.c`) static with
+/// gcc, cached by the source's hash, and returns its path.
+pub fn build_c_reference() -> Result<PathBuf> {
+    let src = workspace_root().join("xtask/guest/dma_map_ref.c");
+    let text = std::fs::read(&src).with_context(|| format!("reading {}", src.display()))?;
+    let hash = &crate::vm::transfer::sha256_hex(&text)[..12];
+    let out = crate::vm::cache_dir()?.join(format!("dma_map_ref-{hash}"));
+    if !out.exists() {
+        crate::setup::ensure_debian_packages("the C reference (static glibc)", &["gcc", "libc6-dev"])?;
+        run_cmd(
+            Command::new("gcc")
+                .args(["-O2", "-Wall", "-Wextra", "-Werror", "-static", "-o"])
+                .arg(&out)
+                .arg(&src),
+        )?;
+    }
+    Ok(out)
+}
+
 /// Arguments of `cargo xtask run`.
 #[derive(Args)]
 pub struct RunArgs {

@@ -14,7 +14,7 @@ mod initramfs;
 mod kernel;
 mod qemu;
 mod tests;
-mod transfer;
+pub mod transfer;
 
 use std::{
     fs,

@@ -59,7 +59,7 @@ struct VmTest {
 }
 
 /// Every VM test, in the order they run.
-const TESTS: [VmTest; 10] = [
+const TESTS: [VmTest; 11] = [
     VmTest {
         name: "boot_custom_doctor",
         kernel: KernelName::Custom,
@@ -104,6 +104,11 @@ const TESTS: [VmTest; 10] = [
         name: "kernel_matrix_debian_6_1",
         kernel: KernelName::Debian61,
         run: |c| kernel_matrix(c, KERNEL_6_1),
+    },
+    VmTest {
+        name: "measurement_c_reference_diffs_and_thp",
+        kernel: KernelName::Custom,
+        run: measurement,
     },
     VmTest {
         name: "signals_leave_nothing_behind",
@@ -739,6 +744,194 @@ fn attribution(c: &Ctx) -> Outcome {
         Ok(format!(", {}", notes.join(", ")))
     } else {
         Err(problems.join("; "))
+    }
+}
+
+/// Rounds of the C reference against dmaprof's untraced pass, in one boot.
+const REF_ROUNDS: u32 = 3;
+
+/// The guest script of [`measurement`]: `ref_runs` interleaved rounds of the C reference and
+/// `dmaprof --no-trace` on the same case, two default runs for the diffs (and one at 4x the
+/// size), and `--thp never` against the system's THP.
+fn measurement_script(reference: &Path) -> String {
+    let reference = reference.display();
+    let case = "-v vfio_type1_iommu_anonymous.none";
+    format!(
+        "S=$((128 * 1024 * 1024)); R={reference}; D=/bin/dmaprof
+for r in $(seq {REF_ROUNDS}); do
+  $R $VFIO_SELFTESTS_BDF $S 5 >> /out/ref.txt 2>> /out/ref.err || v ref_exit $?
+  $D run --json --no-trace -b 128M {case} -n 5 -o /tmp/u$r > /out/untraced-$r.json 2>> /out/err.txt || v untraced_exit $?
+done
+$D run --json -b 64M {case} -n 5 -o /tmp/a > /out/a.json 2>> /out/err.txt || v a_exit $?
+$D run --json -b 64M {case} -n 5 -o /tmp/b > /out/b.json 2>> /out/err.txt || v b_exit $?
+$D run --json -b 256M {case} -n 3 -o /tmp/c > /out/c.json 2>> /out/err.txt || v c_exit $?
+$D diff --json /tmp/a/report.json /tmp/a/report.json -o /tmp/d0 > /out/self.json || v self_exit $?
+$D diff --json /tmp/a/report.json /tmp/b/report.json -o /tmp/d1 > /out/rerun.json || v rerun_exit $?
+$D diff --json /tmp/a/report.json /tmp/c/report.json -o /tmp/d2 > /out/size.json || v size_exit $?
+for t in system never; do
+  $D run --json --thp $t -b 16M {case} -n 1 -o /tmp/t$t > /out/thp-$t.json 2>> /out/err.txt || v thp_exit $?
+done
+v done yes
+"
+    )
+}
+
+fn read_json(dir: &Path, file: &str) -> Result<Value, String> {
+    let text = fs::read_to_string(dir.join(file)).map_err(|e| format!("no {file} from the guest: {e}"))?;
+    serde_json::from_str(&text).map_err(|e| format!("{file} is not JSON: {e}"))
+}
+
+/// The untraced map-phase medians of dmaprof's runs and the C reference's map times.
+fn reference_check(dir: &Path) -> Outcome {
+    let reference: Vec<f64> = fs::read_to_string(dir.join("ref.txt"))
+        .map_err(|e| format!("no ref.txt: {e}"))?
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .collect();
+    let mut ours = Vec::new();
+    for r in 1..=REF_ROUNDS {
+        let report = read_json(dir, &format!("untraced-{r}.json"))?;
+        let map = phase(case(&report, "vfio_type1_iommu_anonymous.none")?, "map")?;
+        ours.extend(map["wall_ns"]["runs"].as_array().into_iter().flatten().map(ns));
+    }
+    if reference.len() != (REF_ROUNDS * 5) as usize || ours.len() != reference.len() {
+        return Err(format!(
+            "{} reference and {} dmaprof map times",
+            reference.len(),
+            ours.len()
+        ));
+    }
+    let median = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let range = |v: &[f64]| {
+        (
+            v.iter().copied().fold(f64::MAX, f64::min),
+            v.iter().copied().fold(0.0, f64::max),
+        )
+    };
+    let (m_ref, m_ours) = (median(&reference), median(&ours));
+    let ((lo_r, hi_r), (lo_o, hi_o)) = (range(&reference), range(&ours));
+    let off = (m_ours / m_ref - 1.0) * 100.0;
+    let note = format!(
+        "map median dmaprof {:.2} ms [{:.2}-{:.2}] vs C reference {:.2} ms [{:.2}-{:.2}] ({off:+.1}%)",
+        m_ours / 1e6,
+        lo_o / 1e6,
+        hi_o / 1e6,
+        m_ref / 1e6,
+        lo_r / 1e6,
+        hi_r / 1e6
+    );
+    // Within 5%, or, where the guest's own noise is larger, the two spreads overlap.
+    if off.abs() <= 5.0 || (lo_o <= hi_r && lo_r <= hi_o) {
+        Ok(note)
+    } else {
+        Err(note)
+    }
+}
+
+/// What `dmaprof diff --json` marked significant, by phase name (phases of 1 ms or more).
+fn significant(d: &Value) -> Vec<String> {
+    d["phases"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["significant"] == true && ns(&p["before_ns"]).max(ns(&p["after_ns"])) >= 1e6)
+        .map(|p| format!("{} {}", p["phase"], p["ratio"]))
+        .collect()
+}
+
+fn diff_checks(dir: &Path, problems: &mut Vec<String>) -> Result<String, String> {
+    let same = significant(&read_json(dir, "self.json")?);
+    if !same.is_empty() {
+        problems.push(format!("a run diffed against itself changed: {same:?}"));
+    }
+    let rerun = significant(&read_json(dir, "rerun.json")?);
+    if !rerun.is_empty() {
+        problems.push(format!("a rerun of the same case changed significantly: {rerun:?}"));
+    }
+    let size = read_json(dir, "size.json")?;
+    let map = size["phases"]
+        .as_array()
+        .and_then(|p| p.iter().find(|p| p["phase"] == "map"))
+        .ok_or("the size diff has no map phase")?;
+    let ratio = ns(&map["ratio"]);
+    if map["significant"] != true || !(2.5..6.0).contains(&ratio) {
+        problems.push(format!(
+            "64M -> 256M map: ratio {ratio:.2}, significant {}",
+            map["significant"]
+        ));
+    }
+    if !size["warnings"].to_string().contains("sizes differ") {
+        problems.push(format!("the size diff does not warn: {}", size["warnings"]));
+    }
+    Ok(format!("64M -> 256M map x{ratio:.2}"))
+}
+
+fn thp_checks(dir: &Path, problems: &mut Vec<String>) -> Result<String, String> {
+    let map_of = |t: &str| -> Result<Value, String> {
+        let r = read_json(dir, &format!("thp-{t}.json"))?;
+        phase(case(&r, "vfio_type1_iommu_anonymous.none")?, "map").cloned()
+    };
+    let (system, never) = (map_of("system")?, map_of("never")?);
+    let faults = |p: &Value| ns(&p["counters"]["minor_faults"]);
+    let zero_calls = |p: &Value| {
+        p["exact"]["rows"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|r| r["function"] == "folio_zero_user")
+            .map(|r| ns(&r["calls"]))
+            .sum::<f64>()
+    };
+    // 16 MiB: 4096 pages of 4 KiB, or 8 of 2 MiB where THP is on.
+    if faults(&never) != 4096.0 || zero_calls(&never) != 0.0 {
+        problems.push(format!(
+            "--thp never: {} faults, {} folio_zero_user calls (want 4096 and 0)",
+            faults(&never),
+            zero_calls(&never)
+        ));
+    }
+    Ok(format!(
+        "map faults --thp system {} vs never {}",
+        faults(&system),
+        faults(&never)
+    ))
+}
+
+/// Untraced map times agree with a C program doing the same VFIO_IOMMU_MAP_DMA in the same
+/// boot; a self-diff and a rerun-diff show no significant change, 4x the size shows ~4x;
+/// `--thp never` really gives 4 KiB pages in the guest (whose THP is `always`).
+fn measurement(c: &Ctx) -> Outcome {
+    let dir = scratch("measurement");
+    let reference = crate::build::build_c_reference().map_err(|e| format!("{e:#}"))?;
+    let mut p = plan(c, true, shell(&measurement_script(&reference)));
+    p.host_files = vec![reference];
+    p.mem = ByteSize::new(2 << 30).expect("2 GiB");
+    boot_ok(p, &dir)?;
+    let found = findings(&dir)?;
+    if let Some(f) = found
+        .iter()
+        .find(|f| f.as_object().is_some_and(|o| o.keys().any(|k| k.ends_with("_exit"))))
+    {
+        return Err(format!(
+            "a guest step failed: {f}; stderr: {}",
+            fs::read_to_string(dir.join("err.txt")).unwrap_or_default()
+        ));
+    }
+    let mut problems = Vec::new();
+    let reference = reference_check(&dir).unwrap_or_else(|e| {
+        problems.push(e.clone());
+        e
+    });
+    let diffs = diff_checks(&dir, &mut problems)?;
+    let thp = thp_checks(&dir, &mut problems)?;
+    if problems.is_empty() {
+        Ok(format!(", {reference}; {diffs}; {thp}"))
+    } else {
+        Err(format!("{}; ({reference}; {diffs}; {thp})", problems.join("; ")))
     }
 }
 
