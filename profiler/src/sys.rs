@@ -1,5 +1,6 @@
 //! Small operating-system helpers used across dmaprof: one place for each (files opened
-//! read-write, sysfs links, /proc fields, exclusive locks, timestamps).
+//! read-write, sysfs links, /proc fields, exclusive locks, timestamps). xtask compiles this
+//! file too (std, libc and thiserror only).
 use std::{
     fs,
     os::fd::AsRawFd as _,
@@ -73,6 +74,12 @@ pub enum LockError {
 
 /// Takes an exclusive lock on `path` (created if missing); fails at once if it is held.
 pub fn try_lock(path: &Path) -> Result<FileLock, LockError> {
+    lock(path, false)
+}
+
+/// Takes an exclusive lock on `path` (created if missing); with `wait`, waits while another
+/// process holds it, else fails at once.
+pub fn lock(path: &Path, wait: bool) -> Result<FileLock, LockError> {
     let file = fs::OpenOptions::new()
         .create(true)
         .truncate(false)
@@ -82,8 +89,13 @@ pub fn try_lock(path: &Path) -> Result<FileLock, LockError> {
             path: path.to_owned(),
             source,
         })?;
-    // SAFETY: flock on an fd we own; LOCK_NB makes it fail instead of waiting.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+    let how = if wait {
+        libc::LOCK_EX
+    } else {
+        libc::LOCK_EX | libc::LOCK_NB
+    };
+    // SAFETY: flock on an fd we own; with LOCK_NB it fails instead of waiting.
+    if unsafe { libc::flock(file.as_raw_fd(), how) } != 0 {
         return Err(LockError::Held(path.to_owned()));
     }
     Ok(FileLock {

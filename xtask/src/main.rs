@@ -9,6 +9,10 @@ mod setup;
 #[allow(dead_code, reason = "xtask uses only part of the size API")]
 #[path = "../../profiler/src/size.rs"]
 mod size;
+// The workspace's OS helpers (locks, timestamps), shared with dmaprof the same way.
+#[allow(dead_code, reason = "xtask uses only part of the helpers")]
+#[path = "../../profiler/src/sys.rs"]
+mod sys;
 mod test;
 mod vm;
 

@@ -198,27 +198,18 @@ fn execute(plan: Plan) -> std::result::Result<qemu::Outcome, qemu::BootError> {
 
 /// One VM at a time on this machine (2 cores): an exclusive flock on `<cache>/vm.lock`, waited for
 /// if another xtask (a developer's or CI's) holds it. Released when the returned file is dropped.
-fn vm_lock(cache: &Path) -> Result<fs::File> {
-    use std::os::fd::AsRawFd as _;
+fn vm_lock(cache: &Path) -> Result<crate::sys::FileLock> {
     let path = cache.join("vm.lock");
-    let file = fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .with_context(|| format!("opening {}", path.display()))?;
-    // SAFETY: flock on a descriptor this function owns.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        eprintln!(
-            "xtask: another VM is running on this machine; waiting for it ({})",
-            path.display()
-        );
-        // SAFETY: as above.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            bail!("locking {}: {}", path.display(), std::io::Error::last_os_error());
+    match crate::sys::try_lock(&path) {
+        Err(crate::sys::LockError::Held(_)) => {
+            eprintln!(
+                "xtask: another VM is running on this machine; waiting for it ({})",
+                path.display()
+            );
+            Ok(crate::sys::lock(&path, true)?)
         }
+        other => Ok(other?),
     }
-    Ok(file)
 }
 
 fn nanos() -> u128 {
@@ -254,24 +245,7 @@ fn qemu_mem(text: &str) -> Result<ByteSize, String> {
 
 /// UTC `YYYYMMDD-HHMMSS` for output directory names.
 fn timestamp() -> String {
-    let secs = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()) as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    )
+    crate::sys::timestamp()
 }
 
 /// Unpacks a shipped output archive into `dir`.
