@@ -155,16 +155,24 @@ impl Folded {
 /// Writes a differential flamegraph (`before` -> `after`, red = grew, blue = shrank) and its
 /// two-count folded lines to `<stem>.folded` / `<stem>.svg` in `dir`.
 pub fn write_differential(before: &Folded, after: &Folded, dir: &Path, stem: &str, title: &str) -> io::Result<()> {
-    let mut lines = Vec::new();
-    inferno::differential::from_readers(
-        inferno::differential::Options::default(),
-        before.to_text().as_bytes(),
-        after.to_text().as_bytes(),
-        &mut lines,
-    )?;
-    let text = String::from_utf8_lossy(&lines).into_owned();
+    let text = differential(before, after);
     fs::write(dir.join(format!("{stem}.folded")), &text)?;
     render(&dir.join(format!("{stem}.svg")), title, "samples", &text, None)
+}
+
+/// The differential folded format (`stack before after` per line, as difffolded.pl writes it).
+/// Done here rather than with inferno's differential module: that one hashes with ahash, whose
+/// seed comes from getrandom, which waits for the kernel's entropy pool; on a fresh VM or test
+/// machine that can be forever.
+pub fn differential(before: &Folded, after: &Folded) -> String {
+    let stacks: std::collections::BTreeSet<&String> = before.stacks.keys().chain(after.stacks.keys()).collect();
+    stacks
+        .into_iter()
+        .map(|s| {
+            let count = |f: &Folded| f.stacks.get(s).copied().unwrap_or(0);
+            format!("{s} {} {}\n", count(before), count(after))
+        })
+        .collect()
 }
 
 fn xml_escape(s: &str) -> String {
@@ -188,6 +196,17 @@ mod tests {
         assert!(parsed.stacks.contains_key("odd_name_with_space"));
         assert!(Folded::parse("a;b notanumber").is_err());
         assert!(Folded::parse("nocount").is_err());
+    }
+
+    #[test]
+    fn differential_lines_pair_the_counts() {
+        let mut a = Folded::default();
+        a.add(["map", "pin"], 3);
+        a.add(["map", "zero"], 1);
+        let mut b = Folded::default();
+        b.add(["map", "pin"], 5);
+        b.add(["map", "flush"], 2);
+        assert_eq!(differential(&a, &b), "map;flush 0 2\nmap;pin 3 5\nmap;zero 1 0\n");
     }
 
     #[test]

@@ -758,19 +758,27 @@ fn measurement_script(reference: &Path) -> String {
     let case = "-v vfio_type1_iommu_anonymous.none";
     format!(
         "S=$((128 * 1024 * 1024)); R={reference}; D=/bin/dmaprof
+step() {{ echo \"measurement: $* ($(cut -d' ' -f1 /proc/uptime) s)\"; }}
 for r in $(seq {REF_ROUNDS}); do
   $R $VFIO_SELFTESTS_BDF $S 5 >> /out/ref.txt 2>> /out/ref.err || v ref_exit $?
+  step reference $r
   $D run --json --no-trace -b 128M {case} -n 5 -o /tmp/u$r > /out/untraced-$r.json 2>> /out/err.txt || v untraced_exit $?
+  step untraced $r
 done
 $D run --json -b 64M {case} -n 5 -o /tmp/a > /out/a.json 2>> /out/err.txt || v a_exit $?
+step run a
 $D run --json -b 64M {case} -n 5 -o /tmp/b > /out/b.json 2>> /out/err.txt || v b_exit $?
+step run b
 $D run --json -b 256M {case} -n 3 -o /tmp/c > /out/c.json 2>> /out/err.txt || v c_exit $?
+step run c
 $D diff --json /tmp/a/report.json /tmp/a/report.json -o /tmp/d0 > /out/self.json || v self_exit $?
 $D diff --json /tmp/a/report.json /tmp/b/report.json -o /tmp/d1 > /out/rerun.json || v rerun_exit $?
 $D diff --json /tmp/a/report.json /tmp/c/report.json -o /tmp/d2 > /out/size.json || v size_exit $?
+step diffs
 for t in system never; do
   $D run --json --thp $t -b 16M {case} -n 1 -o /tmp/t$t > /out/thp-$t.json 2>> /out/err.txt || v thp_exit $?
 done
+step thp
 v done yes
 "
     )
@@ -910,6 +918,7 @@ fn measurement(c: &Ctx) -> Outcome {
     let mut p = plan(c, true, shell(&measurement_script(&reference)));
     p.host_files = vec![reference];
     p.mem = ByteSize::new(2 << 30).expect("2 GiB");
+    p.echo = std::env::var_os("DMAPROF_VM_ECHO").is_some();
     boot_ok(p, &dir)?;
     let found = findings(&dir)?;
     if let Some(f) = found
