@@ -278,8 +278,15 @@ pub fn write_flamegraphs(
         let case_dir = dir.join(&p.case);
         std::fs::create_dir_all(&case_dir)?;
         let title = format!("{} {}: before -> after", p.case, p.phase.name());
-        flamegraph::write_differential(&fa, &fb, &case_dir, p.phase.name(), &title)?;
-        written += 1;
+        // One flamegraph that cannot be drawn does not take the comparison with it.
+        match flamegraph::write_differential(&fa, &fb, &case_dir, p.phase.name(), &title) {
+            Ok(()) => written += 1,
+            Err(e) => eprintln!(
+                "dmaprof: warning: no differential flamegraph for {} {}: {e}",
+                p.case,
+                p.phase.name()
+            ),
+        }
     }
     Ok(written)
 }

@@ -142,7 +142,7 @@ impl Session {
             Some(p) => Coverage::of(&p.status, &self.opts.passes),
             None => Coverage::none("no traced pass (--no-trace or --passes untraced): no probe was loaded"),
         };
-        if let Err(why) = &coverage.exact {
+        if let (Err(why), Some(_)) = (&coverage.exact, &probes) {
             eprintln!("dmaprof: exact attribution unavailable: {why}");
         }
         let mut tracing = Tracing {

@@ -771,9 +771,9 @@ $D run --json -b 64M {case} -n 5 -o /tmp/b > /out/b.json 2>> /out/err.txt || v b
 step run b
 $D run --json -b 256M {case} -n 3 -o /tmp/c > /out/c.json 2>> /out/err.txt || v c_exit $?
 step run c
-$D diff --json /tmp/a/report.json /tmp/a/report.json -o /tmp/d0 > /out/self.json || v self_exit $?
-$D diff --json /tmp/a/report.json /tmp/b/report.json -o /tmp/d1 > /out/rerun.json || v rerun_exit $?
-$D diff --json /tmp/a/report.json /tmp/c/report.json -o /tmp/d2 > /out/size.json || v size_exit $?
+$D diff --json /tmp/a/report.json /tmp/a/report.json -o /tmp/d0 > /out/self.json 2>> /out/err.txt || v self_exit $?
+$D diff --json /tmp/a/report.json /tmp/b/report.json -o /tmp/d1 > /out/rerun.json 2>> /out/err.txt || v rerun_exit $?
+$D diff --json /tmp/a/report.json /tmp/c/report.json -o /tmp/d2 > /out/size.json 2>> /out/err.txt || v size_exit $?
 step diffs
 for t in system never; do
   $D run --json --thp $t -b 16M {case} -n 1 -o /tmp/t$t > /out/thp-$t.json 2>> /out/err.txt || v thp_exit $?
