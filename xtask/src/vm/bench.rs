@@ -578,9 +578,20 @@ fn bpftrace_files() -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// Why bpftrace never said READY (with its log).
+#[derive(Debug, thiserror::Error)]
+enum NotReady {
+    /// It ended first.
+    #[error("exited ({0}) before READY: {1}")]
+    Exited(std::process::ExitStatus, String),
+    /// The limit passed.
+    #[error("no READY after {0} s: {1}")]
+    Timeout(f64, String),
+}
+
 /// Waits until bpftrace's log (its stdout) shows READY (its BEGIN ran: every probe attached);
 /// returns how long that took, or why it never came (it exited, or `limit` passed).
-fn wait_ready(child: &mut std::process::Child, log: &Path, limit: Duration) -> Result<Duration, String> {
+fn wait_ready(child: &mut std::process::Child, log: &Path, limit: Duration) -> Result<Duration, NotReady> {
     let started = Instant::now();
     loop {
         let text = fs::read_to_string(log).unwrap_or_default();
@@ -588,10 +599,10 @@ fn wait_ready(child: &mut std::process::Child, log: &Path, limit: Duration) -> R
             return Ok(started.elapsed());
         }
         if let Ok(Some(status)) = child.try_wait() {
-            return Err(format!("exited ({status}) before READY: {}", text.trim()));
+            return Err(NotReady::Exited(status, text.trim().to_owned()));
         }
         if started.elapsed() > limit {
-            return Err(format!("no READY after {} s: {}", limit.as_secs_f64(), text.trim()));
+            return Err(NotReady::Timeout(limit.as_secs_f64(), text.trim().to_owned()));
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -785,11 +796,12 @@ mod tests {
         let _ = c.wait();
         let (mut c, log) = start("exec sleep 10", "silent");
         let e = wait_ready(&mut c, &log, Duration::from_millis(200)).unwrap_err();
-        assert!(e.contains("no READY"), "{e}");
+        assert!(e.to_string().contains("no READY"), "{e}");
         let _ = c.kill();
         let _ = c.wait();
         let (mut c, log) = start("echo oops; exit 3", "dies");
         let e = wait_ready(&mut c, &log, Duration::from_secs(5)).unwrap_err();
+        let e = e.to_string();
         assert!(e.contains("exited") && e.contains("oops"), "{e}");
         let _ = fs::remove_dir_all(&dir);
     }

@@ -228,17 +228,27 @@ fn default_mem(hugepages_1g: u32) -> ByteSize {
     ByteSize::new(gib << 30).expect("a whole number of GiB is a size")
 }
 
+/// Why a `--mem` value is not one QEMU takes.
+#[derive(Debug, thiserror::Error)]
+enum MemError {
+    /// Not a size.
+    #[error(transparent)]
+    Size(#[from] crate::size::SizeError),
+    /// Not whole MiB.
+    #[error("{0} is not a whole number of MiB (QEMU's -m unit)")]
+    NotMib(ByteSize),
+}
+
 /// `--mem` as QEMU's `-m` reads it: a size (`2G`, `1536M`), a bare number being MiB; whole MiB.
-fn qemu_mem(text: &str) -> Result<ByteSize, String> {
+fn qemu_mem(text: &str) -> Result<ByteSize, MemError> {
     let t = text.trim();
     let size = if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
         format!("{t}M").parse::<ByteSize>()
     } else {
         t.parse::<ByteSize>()
-    }
-    .map_err(|e| e.to_string())?;
+    }?;
     if !size.is_multiple_of(1 << 20) {
-        return Err(format!("{size} is not a whole number of MiB (QEMU's -m unit)"));
+        return Err(MemError::NotMib(size));
     }
     Ok(size)
 }
