@@ -1030,8 +1030,9 @@ const SIGNAL_RUNS: u32 = 40;
 fn signals_in_guest(c: &Ctx) -> Outcome {
     let dir = scratch("signals");
     // One uninterrupted run first calibrates how long a run takes in this boot; the even runs'
-    // signals land uniformly over 0..85% of that (set-up, untraced reference, probe attach,
-    // clean-up), the odd runs' within 600 ms of the first traced case starting (the phases).
+    // signals land uniformly over 0..85% of that (set-up, probe attach, the passes, clean-up),
+    // the odd runs' within 600 ms of the first case starting (`<case> (N iterations x SIZE)`:
+    // its phases and pass switches).
     let run = "/bin/dmaprof run --bind -b 32M -v vfio_type1_iommu_anonymous -v iommufd_memfd_hugetlb_2mb \
                --prefault none,populate -n 1";
     let cmd = format!(
@@ -1051,7 +1052,7 @@ while [ $i -lt {SIGNAL_RUNS} ]; do
     d=$(( (RANDOM * 32768 + RANDOM) % (T * 85 / 100 + 1) ))
   else
     # Aim at the workload: wait for the first traced case to start, then up to 600 ms more.
-    n=0; while ! grep -q ' traced (' /out/e$i.txt && [ $n -lt 600 ]; do usleep 20000; n=$((n + 1)); done
+    n=0; while ! grep -q ' iterations x ' /out/e$i.txt && [ $n -lt 600 ]; do usleep 20000; n=$((n + 1)); done
     d=$((RANDOM % 600))
   fi
   usleep $((d * 1000)); kill -$s $p; wait $p; rc=$?
