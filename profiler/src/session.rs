@@ -322,6 +322,7 @@ impl Session {
         let mut current = Pass::Untraced;
         for (pass, index) in steps {
             if let Some(p) = probes.as_deref_mut().filter(|_| pass != current) {
+                control.enter(Stage::Switching(case.name(), pass));
                 p.set_groups(pass.groups()).map_err(CaseError::Probes)?;
                 current = pass;
             }

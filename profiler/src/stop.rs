@@ -12,6 +12,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use crate::probes::Pass;
+
 /// What the run is doing, as progress shows it and as a signal is reported against.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Stage {
@@ -23,6 +25,8 @@ pub enum Stage {
     Phase(String, &'static str),
     /// Loading and attaching the probes.
     Attaching,
+    /// Attaching a pass's probes and detaching the others' (`<case> -> <pass> pass`).
+    Switching(String, Pass),
     /// Reading a case's maps and writing its files.
     Reporting(String),
     /// After the last phase: report written, probes detached. A signal here leaves the report
@@ -37,6 +41,7 @@ impl std::fmt::Display for Stage {
             Stage::Opening(case) => write!(f, "{case} opening"),
             Stage::Phase(case, phase) => write!(f, "{case} {phase}"),
             Stage::Attaching => f.write_str("attaching probes"),
+            Stage::Switching(case, pass) => write!(f, "{case} switching to the {pass} pass"),
             Stage::Reporting(case) => write!(f, "{case} reporting"),
             Stage::Finishing => f.write_str("finishing (report, detach)"),
         }
@@ -253,6 +258,10 @@ mod tests {
 
     #[test]
     fn stages_read_as_before() {
+        assert_eq!(
+            Stage::Switching("c".into(), Pass::Exact).to_string(),
+            "c switching to the exact pass"
+        );
         assert_eq!(Stage::Phase("x.none".into(), "map").to_string(), "x.none map");
         assert_eq!(Stage::Attaching.to_string(), "attaching probes");
         assert_eq!(Stage::Opening("c".into()).to_string(), "c opening");
