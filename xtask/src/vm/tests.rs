@@ -1105,7 +1105,8 @@ done"#
                 .and_then(|s| s.split(':').next())
             {
                 Some(stage) if !stage.contains('.') => stage.to_owned(),
-                Some(case_phase) => case_phase.rsplit(' ').next().unwrap_or(case_phase).to_owned(),
+                // `<case> <phase>`, `<case> opening`, `<case> switching to the exact pass`...
+                Some(case_stage) => case_stage.split_once(' ').map_or(case_stage, |(_, s)| s).to_owned(),
                 None => "before the handler".into(),
             };
             // Only a signal after the last phase may leave a complete report behind.
