@@ -1031,7 +1031,7 @@ fn signals_in_guest(c: &Ctx) -> Outcome {
     let dir = scratch("signals");
     // One uninterrupted run first calibrates how long a run takes in this boot; the even runs'
     // signals land uniformly over 0..85% of that (set-up, probe attach, the passes, clean-up),
-    // the odd runs' within 1.5 s of the first case starting (`<case> (N iterations x SIZE)`:
+    // the odd runs' within 400 ms of the first case starting (`<case> (N iterations x SIZE)`:
     // its phases and pass switches).
     // 4 KiB pages (--thp never) keep the map phases long against the pass switches.
     let run = "/bin/dmaprof run --bind -b 32M -v vfio_type1_iommu_anonymous -v iommufd_memfd_hugetlb_2mb \
@@ -1052,9 +1052,9 @@ while [ $i -lt {SIGNAL_RUNS} ]; do
   if [ $((i % 2)) = 0 ]; then
     d=$(( (RANDOM * 32768 + RANDOM) % (T * 85 / 100 + 1) ))
   else
-    # Aim at the workload: wait for the first case to start, then up to 1.5 s more.
+    # Aim at the workload: wait for the first case to start, then up to 400 ms more (the warm-up and first untraced iteration, before the first pass switch).
     n=0; while ! grep -q ' iterations x ' /out/e$i.txt && [ $n -lt 600 ]; do usleep 20000; n=$((n + 1)); done
-    d=$((RANDOM % 1500))
+    d=$((RANDOM % 400))
   fi
   usleep $((d * 1000)); kill -$s $p; wait $p; rc=$?
   /bin/dmaprof doctor --leftovers > /out/l$i.txt 2>&1; l=$?
