@@ -171,7 +171,7 @@ pub const CATEGORY_RULES: &[(&str, Category)] = &[
 /// Category of one kernel function name per [`CATEGORY_RULES`], if the table knows it.
 pub fn category_of(function: &str) -> Option<Category> {
     // A module frame reads `func [module]`; the table names functions.
-    let function = function.split_once(" [").map_or(function, |(f, _)| f);
+    let function = function_name(function);
     CATEGORY_RULES.iter().find_map(|(pattern, cat)| {
         let hit = match pattern.strip_suffix('*') {
             Some(prefix) => function.starts_with(prefix),
@@ -179,6 +179,11 @@ pub fn category_of(function: &str) -> Option<Category> {
         };
         hit.then_some(*cat)
     })
+}
+
+/// The function of a frame name, without its ` [module]`.
+pub fn function_name(frame: &str) -> &str {
+    frame.split_once(" [").map_or(frame, |(f, _)| f)
 }
 
 /// Category of a probed function's exclusive time: the table's, or `other` (the syscall's own

@@ -4,10 +4,10 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 use crate::{
+    attribution::MAX_SLOT_ITERATIONS,
     matrix::{Prefault, Thp},
     plan::RunOptions,
     probes::{Mechanism, Pass},
-    session::MAX_ITERATIONS,
     size::ByteSize,
     sys,
 };
@@ -84,7 +84,7 @@ pub struct RunArgs {
     #[arg(short = 'n', long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub iterations: u32,
     /// Iterations of each traced pass (exact, sampled) per case.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_ITERATIONS / 2)))]
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_SLOT_ITERATIONS / 2)))]
     pub traced_iterations: u32,
     /// Passes per case, interleaved: `untraced` (nothing attached: the headline times), `exact`
     /// (probe-table rows and tracepoints: the exact breakdown), `sampled` (stack sampling only:

@@ -20,11 +20,8 @@ use crate::{
     stop::{Control, Stage},
     symbols::KernelSymbols,
     sys::{self, FileLock, LockError},
-    workload::{self, PHASES, Phase, PhaseObserver, WorkloadError},
+    workload::{self, Phase, PhaseObserver, WorkloadError},
 };
-
-/// Most iterations per case: every (iteration, phase) pair needs its own slot in the BPF maps.
-pub const MAX_ITERATIONS: u32 = (crate::abi::MAX_PHASES - 1) / PHASES.len() as u32;
 
 /// Why a run could not start or finish.
 #[derive(Debug, thiserror::Error)]

@@ -3,6 +3,8 @@
 //! functions must never name a stack frame.
 use std::collections::BTreeMap;
 
+use crate::category::function_name;
+
 /// Kernel function symbols by start address, and by name.
 pub struct KernelSymbols {
     by_addr: BTreeMap<u64, String>,
@@ -75,11 +77,6 @@ impl KernelSymbols {
             _ => format!("0x{addr:x}"),
         }
     }
-}
-
-/// The function of a frame name, without its ` [module]`.
-pub fn function_name(frame: &str) -> &str {
-    frame.split_once(" [").map_or(frame, |(f, _)| f)
 }
 
 #[cfg(test)]
