@@ -142,6 +142,9 @@ pub struct RowStats {
     pub exclusive_ns: u64,
     /// Sum of the row's amount argument (pages or bytes).
     pub amount: u64,
+    /// Probed calls made directly from this row (each one's probe cost lands partly in this
+    /// row's exclusive time).
+    pub child_calls: u64,
 }
 
 /// One active probed call.
@@ -158,6 +161,8 @@ pub struct Frame {
     pub child_ns: u64,
     /// The amount argument at entry.
     pub amount: u64,
+    /// Probed calls made directly from this one so far.
+    pub child_calls: u64,
 }
 
 /// Key of one sampled-stack count.

@@ -303,6 +303,7 @@ fn enter<C: EbpfContext>(ctx: &C, ip: u64, arg: impl FnOnce(i32) -> u64) -> u32 
                 start_ns: bpf_ktime_get_ns(),
                 child_ns: 0,
                 amount,
+                child_calls: 0,
             }
         };
     }
@@ -348,12 +349,16 @@ fn leave<C: EbpfContext>(ctx: &C) -> u32 {
         stats.inclusive_ns += inclusive;
         stats.exclusive_ns += inclusive.saturating_sub(frame.child_ns);
         stats.amount += frame.amount;
+        stats.child_calls += frame.child_calls;
     }
     if d >= 2
         && let Some(parent) = CALL_STACK.get_ptr_mut(d - 2)
     {
         // SAFETY: valid map value pointer for the duration of the program.
-        unsafe { (*parent).child_ns += inclusive };
+        unsafe {
+            (*parent).child_ns += inclusive;
+            (*parent).child_calls += 1;
+        }
     }
     0
 }

@@ -154,9 +154,10 @@ fn sampled_by_phase(
     by_phase
 }
 
-/// The exact breakdown of `phase` for its median iteration: categories + unattributed = that
-/// iteration's wall time.
-fn exact_breakdown(phase: Phase, exact: &[(u32, &PhaseRun)], input: &CaseInput) -> Exact {
+/// The exact breakdown of `phase` for its median iteration: categories + probe overhead +
+/// unattributed = that iteration's wall time. `untraced` (the untraced pass's wall times, when
+/// it ran) sets the probe overhead.
+fn exact_breakdown(phase: Phase, exact: &[(u32, &PhaseRun)], input: &CaseInput, untraced: Option<&Stats>) -> Exact {
     if let Err(why) = &input.coverage.exact {
         return Exact {
             available: false,
@@ -172,27 +173,36 @@ fn exact_breakdown(phase: Phase, exact: &[(u32, &PhaseRun)], input: &CaseInput) 
     let (it, run) = exact[median];
     let s = slot(it, phase);
     let c = counters_at(input.drained, s);
+    let mut rows: Vec<ExactRow> = input
+        .drained
+        .rows
+        .iter()
+        .filter(|(sl, _, _)| *sl == s)
+        .map(|(_, row, st)| {
+            let mechanism = input
+                .rows
+                .iter()
+                .find(|(r, _)| r == row)
+                .map_or(AttachedBy::Kprobe, |(_, m)| *m);
+            exact_row(*row, st, mechanism, phase)
+        })
+        .collect();
+    rows.sort_by_key(|r| std::cmp::Reverse(r.inclusive_ns));
+    let overhead = untraced.map(|u| run.wall_ns.saturating_sub(u.median));
+    let unprobed = c.syscall_ns.saturating_sub(rows.iter().map(|r| r.exclusive_ns).sum());
+    let unprobed_overhead = overhead.map_or(0, |o| charge_overhead(&mut rows, o, unprobed));
     let mut categories: BTreeMap<Category, u64> = CATEGORIES
         .iter()
         .filter(|c| **c != Category::User)
         .map(|c| (*c, 0))
         .collect();
-    let mut rows = Vec::new();
-    for (_, row, st) in input.drained.rows.iter().filter(|(sl, _, _)| *sl == s) {
-        let mechanism = input
-            .rows
-            .iter()
-            .find(|(r, _)| r == row)
-            .map_or(AttachedBy::Kprobe, |(_, m)| *m);
-        let r = exact_row(*row, st, mechanism);
-        *categories.entry(r.category).or_default() += r.exclusive_ns;
-        rows.push(r);
+    for r in &rows {
+        *categories.entry(r.category).or_default() += r.exclusive_ns - r.overhead_ns;
     }
-    rows.sort_by_key(|r| std::cmp::Reverse(r.inclusive_ns));
-    let attributed: u64 = rows.iter().map(|r| r.exclusive_ns).sum();
     // Syscall time that no probed row covered is the syscall's own work: `other`.
-    *categories.entry(Category::Other).or_default() += c.syscall_ns.saturating_sub(attributed);
-    let sum: u64 = categories.values().sum();
+    *categories.entry(Category::Other).or_default() += unprobed - unprobed_overhead;
+    let probe_overhead_ns = overhead.map(|_| rows.iter().map(|r| r.overhead_ns).sum::<u64>() + unprobed_overhead);
+    let sum: u64 = categories.values().sum::<u64>() + probe_overhead_ns.unwrap_or(0);
     Exact {
         available: true,
         unavailable: None,
@@ -200,10 +210,32 @@ fn exact_breakdown(phase: Phase, exact: &[(u32, &PhaseRun)], input: &CaseInput) 
         wall_ns: run.wall_ns,
         kernel_ns: c.syscall_ns,
         categories,
+        probe_overhead_ns,
+        probe_hits: rows.iter().map(|r| r.calls).sum(),
         unattributed_ns: run.wall_ns as i64 - sum as i64,
         rows,
         lost_events: c.stack_overflow + c.unmatched_exit,
     }
+}
+
+/// Spreads `overhead` (the exact pass's wall time over the untraced median) over where the
+/// probes spent it: each probed call costs about the same, half of it inside the call's own
+/// exclusive time and half in its caller's (a probed row, or the unprobed syscall time
+/// `unprobed` for top-level calls). Sets each row's `overhead_ns` (never more than its
+/// exclusive time) and returns the part charged to the unprobed time.
+fn charge_overhead(rows: &mut [ExactRow], overhead: u64, unprobed: u64) -> u64 {
+    let calls: u64 = rows.iter().map(|r| r.calls).sum();
+    if calls == 0 {
+        return 0;
+    }
+    let child_calls: u64 = rows.iter().map(|r| r.child_calls).sum();
+    // Each call is two halves: its own and its caller's.
+    let per_half = overhead as f64 / (2 * calls) as f64;
+    for r in rows.iter_mut() {
+        let halves = (r.calls + r.child_calls) as f64;
+        r.overhead_ns = ((halves * per_half) as u64).min(r.exclusive_ns);
+    }
+    ((calls.saturating_sub(child_calls) as f64 * per_half) as u64).min(unprobed)
 }
 
 /// The counters recorded in `slot` (zero where nothing was).
@@ -247,15 +279,17 @@ fn pass_times(input: &CaseInput, phase: Phase, untraced: Option<&Stats>) -> BTre
         .collect()
 }
 
-fn exact_row(row: usize, st: &RowStats, mechanism: AttachedBy) -> ExactRow {
+fn exact_row(row: usize, st: &RowStats, mechanism: AttachedBy, phase: Phase) -> ExactRow {
     let r = &PROBE_TABLE[row];
     ExactRow {
         function: r.function.into(),
-        category: r.category(),
+        category: crate::category::in_phase(r.category(), phase.is_dma()),
         mechanism,
         calls: st.calls,
         inclusive_ns: st.inclusive_ns,
         exclusive_ns: st.exclusive_ns,
+        child_calls: st.child_calls,
+        overhead_ns: 0,
         amount: st.amount,
         unit: r.amount.map(|(_, u)| u),
     }
@@ -294,7 +328,7 @@ fn phase_report(phase: Phase, input: &CaseInput, cats: &CategoryCounts) -> Optio
         wall_pass,
         wall_ci: median_ci(&wall.runs),
         passes: pass_times(input, phase, untraced),
-        exact: exact_breakdown(phase, &exact, input),
+        exact: exact_breakdown(phase, &exact, input, untraced),
         kernel_ns: cov
             .syscalls
             .then(|| Stats::of(counters.iter().map(|c| c.syscall_ns).collect())),
@@ -325,11 +359,13 @@ pub fn summary_folded(phases: &[PhaseReport]) -> Folded {
         let name = p.name.name();
         let mut covered = 0;
         for r in &p.exact.rows {
-            f.add([name, &format!("cat:{}", r.category), &r.function], r.exclusive_ns);
+            let own = r.exclusive_ns.saturating_sub(r.overhead_ns);
+            f.add([name, &format!("cat:{}", r.category), &r.function], own);
             if r.category == Category::Other {
-                covered += r.exclusive_ns;
+                covered += own;
             }
         }
+        f.add([name, "[probe overhead]"], p.exact.probe_overhead_ns.unwrap_or(0));
         let other = p.exact.categories.get(&Category::Other).copied().unwrap_or(0);
         f.add(
             [name, "cat:other", "[syscall, unprobed]"],
@@ -399,7 +435,41 @@ mod tests {
             inclusive_ns: exclusive_ns,
             exclusive_ns,
             amount: 8,
+            child_calls: 0,
         }
+    }
+
+    fn exact(function: &str, calls: u64, child_calls: u64, exclusive_ns: u64) -> ExactRow {
+        ExactRow {
+            function: function.into(),
+            category: Category::Other,
+            mechanism: AttachedBy::Fentry,
+            calls,
+            inclusive_ns: exclusive_ns,
+            exclusive_ns,
+            child_calls,
+            overhead_ns: 0,
+            amount: 0,
+            unit: None,
+        }
+    }
+
+    #[test]
+    fn probe_cost_lands_on_callers_and_callees() {
+        // One top-level call making 99 probed calls: 100 calls, 200 halves of 10 ns each.
+        let mut rows = [
+            exact("vfio_pin_map_dma", 1, 99, 5_000),
+            exact("iommu_map", 99, 0, 50_000),
+        ];
+        let unprobed = charge_overhead(&mut rows, 2_000, 1_000_000);
+        assert_eq!(rows[0].overhead_ns, 1_000);
+        assert_eq!(rows[1].overhead_ns, 990);
+        assert_eq!(unprobed, 10);
+        // Never more than a row measured.
+        let mut small = [exact("vfio_pin_map_dma", 1, 99, 300), exact("iommu_map", 99, 0, 50_000)];
+        charge_overhead(&mut small, 2_000, 1_000_000);
+        assert_eq!(small[0].overhead_ns, 300);
+        assert_eq!(charge_overhead(&mut [], 2_000, 5), 0);
     }
 
     #[test]
@@ -478,6 +548,9 @@ mod tests {
         assert_eq!(e.categories[&Category::IommuMap], 300);
         assert_eq!(e.categories[&Category::Other], 999_100);
         assert_eq!(e.unattributed_ns, 100);
+        // The untraced median (900 us, 1.1 ms -> 1 ms) equals the exact iteration: no probe cost.
+        assert_eq!(e.probe_overhead_ns, Some(0));
+        assert_eq!(e.probe_hits, 4);
         assert_eq!(e.categories.values().sum::<u64>() as i64 + e.unattributed_ns, 1_000_000);
         assert!(e.available);
         let mech = |f: &str| e.rows.iter().find(|r| r.function == f).unwrap().mechanism;

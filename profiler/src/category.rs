@@ -41,6 +41,13 @@ pub enum Category {
     IommuFlush,
     /// locked_vm accounting.
     Accounting,
+    /// IOVA-to-physical lookups in the IOMMU page table: unmap walks it page by page to find
+    /// what to unpin.
+    IommuLookup,
+    /// Dropping pins (unpin_user_page*, the VFIO/iommufd unpin paths).
+    Unpinning,
+    /// Unmapping and freeing pages (munmap: zapping PTEs, TLB flush, returning folios).
+    Release,
     /// User-space execution (no kernel frames in the sample).
     User,
     /// Everything else.
@@ -55,6 +62,9 @@ pub const CATEGORIES: &[Category] = &[
     Category::IommuMap,
     Category::IommuFlush,
     Category::Accounting,
+    Category::IommuLookup,
+    Category::Unpinning,
+    Category::Release,
     Category::User,
     Category::Other,
 ];
@@ -70,6 +80,8 @@ impl Category {
         match self {
             Category::IommuFlush => "iotlb",
             Category::Accounting => "acct",
+            Category::IommuLookup => "lookup",
+            Category::Unpinning => "unpin",
             other => other.name(),
         }
     }
@@ -85,14 +97,18 @@ impl Category {
             Category::IommuMap => (49, 163, 84),
             Category::IommuFlush => (161, 217, 155),
             Category::Accounting => (117, 107, 177),
+            Category::IommuLookup => (0, 109, 44),
+            Category::Unpinning => (107, 174, 214),
+            Category::Release => (253, 208, 162),
             Category::User => (189, 189, 189),
             Category::Other => (222, 222, 222),
         }
     }
 }
 
-/// Kernel function patterns and their category. A trailing `*` makes a prefix match.
-/// Order does not matter between rows: the stack decides (leaf-most known frame wins).
+/// Kernel function patterns and their category. A trailing `*` makes a prefix match. The first
+/// matching row wins, so a specific row comes before a prefix row that also matches it; between
+/// functions the stack decides (leaf-most known frame wins, then [`CONTEXT_RULES`]).
 pub const CATEGORY_RULES: &[(&str, Category)] = &[
     // Zeroing: per-page clears and the huge-page zeroing loop.
     ("clear_page*", Category::Zeroing),
@@ -121,6 +137,32 @@ pub const CATEGORY_RULES: &[(&str, Category)] = &[
     ("alloc_pages*", Category::Faulting),
     ("vma_alloc_folio*", Category::Faulting),
     ("folio_alloc*", Category::Faulting),
+    // Populating (MAP_POPULATE, MADV_POPULATE_*) faults pages in through GUP; it pins nothing.
+    ("__mm_populate", Category::Faulting),
+    ("populate_vma_page_range", Category::Faulting),
+    ("faultin_page_range", Category::Faulting),
+    // Unpinning, before the pinning prefixes that would also match.
+    ("unpin_user_page*", Category::Unpinning),
+    ("unpin_folio*", Category::Unpinning),
+    ("gup_put_folio", Category::Unpinning),
+    ("put_pfn", Category::Unpinning),
+    ("vfio_unpin_pages_remote", Category::Unpinning),
+    ("vfio_sync_unpin", Category::Unpinning),
+    ("vfio_batch_unpin", Category::Unpinning),
+    ("batch_unpin", Category::Unpinning),
+    ("pfn_reader_unpin", Category::Unpinning),
+    ("pfn_reader_release_pins", Category::Unpinning),
+    ("__iopt_area_unfill_domain", Category::Unpinning),
+    ("iopt_area_unfill_domain*", Category::Unpinning),
+    // IOVA lookups: the per-page walks unmap does to find the physical pages. Their callers'
+    // own time is that walk's loop (iommu_iova_to_phys once per 4 KiB page).
+    ("iommu_iova_to_phys", Category::IommuLookup),
+    ("intel_iommu_iova_to_phys", Category::IommuLookup),
+    ("pt_iommu_*", Category::IommuLookup),
+    ("__iova_to_phys*", Category::IommuLookup),
+    ("pfn_to_dma_pte", Category::IommuLookup),
+    ("batch_from_domain", Category::IommuLookup),
+    ("vfio_unmap_unpin", Category::IommuLookup),
     // Pinning: GUP and the VFIO/iommufd pinning wrappers.
     ("pin_user_pages*", Category::Pinning),
     ("get_user_pages*", Category::Pinning),
@@ -129,8 +171,6 @@ pub const CATEGORY_RULES: &[(&str, Category)] = &[
     ("gup_*", Category::Pinning),
     ("follow_page*", Category::Pinning),
     ("memfd_pin_folios", Category::Pinning),
-    ("populate_vma_page_range", Category::Pinning),
-    ("__mm_populate", Category::Pinning),
     ("vfio_pin_pages_remote", Category::Pinning),
     ("vaddr_get_pfns", Category::Pinning),
     ("pfn_reader_*", Category::Pinning),
@@ -147,6 +187,15 @@ pub const CATEGORY_RULES: &[(&str, Category)] = &[
     ("batch_to_domain", Category::IommuMap),
     ("iommu_unmap*", Category::IommuMap),
     ("__iommu_unmap", Category::IommuMap),
+    ("iopt_area_unmap_domain*", Category::IommuMap),
+    ("intel_iommu_unmap_pages", Category::IommuMap),
+    ("amd_iommu_unmap_pages", Category::IommuMap),
+    ("__unmap_range", Category::IommuMap),
+    ("__map_range", Category::IommuMap),
+    ("vtdss_*", Category::IommuMap),
+    ("x86_64_map_range", Category::IommuMap),
+    ("x86_64_unmap_range", Category::IommuMap),
+    ("amdv1_*", Category::IommuMap),
     // IOMMU flushes: IOTLB sync, caching-mode flushes, invalidation queue.
     ("iommu_sync_map", Category::IommuFlush),
     ("iommu_iotlb_sync*", Category::IommuFlush),
@@ -157,6 +206,7 @@ pub const CATEGORY_RULES: &[(&str, Category)] = &[
     ("qi_submit_sync", Category::IommuFlush),
     ("qi_flush_*", Category::IommuFlush),
     ("domain_flush_*", Category::IommuFlush),
+    ("intel_iommu_tlb_sync", Category::IommuFlush),
     // Accounting: locked_vm.
     ("__account_locked_vm", Category::Accounting),
     ("account_locked_vm", Category::Accounting),
@@ -166,12 +216,48 @@ pub const CATEGORY_RULES: &[(&str, Category)] = &[
     ("decr_user_locked_vm", Category::Accounting),
     ("update_mm_locked_vm", Category::Accounting),
     ("iopt_pages_update_pinned", Category::Accounting),
+    // Release: munmap's zap, TLB flush and freeing of the folios.
+    ("unmap_vmas", Category::Release),
+    ("unmap_single_vma", Category::Release),
+    ("unmap_page_range", Category::Release),
+    ("zap_*", Category::Release),
+    ("tlb_finish_mmu", Category::Release),
+    ("tlb_flush_mmu*", Category::Release),
+    ("free_pgtables", Category::Release),
+    ("folios_put_refs", Category::Release),
+    ("free_pages_and_swap_cache", Category::Release),
+    ("free_unref_*", Category::Release),
+    ("__free_pages*", Category::Release),
+    ("free_huge_folio", Category::Release),
+    ("__folio_put", Category::Release),
+    ("release_pages", Category::Release),
 ];
+
+/// Rules that look past the leaf-most known frame: (category found, an outer frame, the
+/// category the sample gets). GUP under a populate call faults pages in; it pins nothing.
+/// Exact rows see no callers: [`in_phase`] makes the populate decision for them.
+pub const CONTEXT_RULES: &[(Category, &str, Category)] = &[
+    (Category::Pinning, "__mm_populate", Category::Faulting),
+    (Category::Pinning, "populate_vma_page_range", Category::Faulting),
+    (Category::Pinning, "faultin_page_range", Category::Faulting),
+    // iommufd's pfn batches serve the unmap walk too.
+    (Category::Pinning, "batch_from_domain", Category::IommuLookup),
+];
+
+/// The category of exact time a probe row measured, in its phase: rows know their function
+/// but not their callers, and a phase that makes no DMA call pins nothing, so pinning there
+/// is GUP populating pages (the same decision [`CONTEXT_RULES`] makes from a stack).
+pub fn in_phase(category: Category, phase_maps_dma: bool) -> Category {
+    match category {
+        Category::Pinning if !phase_maps_dma => Category::Faulting,
+        c => c,
+    }
+}
 
 /// Category of one kernel function name per [`CATEGORY_RULES`], if the table knows it.
 pub fn category_of(function: &str) -> Option<Category> {
     // A module frame reads `func [module]`; the table names functions.
-    let function = function_name(function);
+    let function = unclone(function_name(function));
     CATEGORY_RULES.iter().find_map(|(pattern, cat)| {
         let hit = match pattern.strip_suffix('*') {
             Some(prefix) => function.starts_with(prefix),
@@ -181,9 +267,18 @@ pub fn category_of(function: &str) -> Option<Category> {
     })
 }
 
-/// The function of a frame name, without its ` [module]`.
+/// The function of a frame name, without its ` [module]` (`_[module]` in folded stacks, where
+/// spaces end a stack).
 pub fn function_name(frame: &str) -> &str {
-    frame.split_once(" [").map_or(frame, |(f, _)| f)
+    frame
+        .split_once(" [")
+        .or_else(|| frame.split_once("_["))
+        .map_or(frame, |(f, _)| f)
+}
+
+/// The function a compiler clone was made from (`vfio_lock_acct.part.0` -> `vfio_lock_acct`).
+fn unclone(function: &str) -> &str {
+    function.split_once('.').map_or(function, |(f, _)| f)
 }
 
 /// Category of a probed function's exclusive time: the table's, or `other` (the syscall's own
@@ -194,14 +289,24 @@ pub fn of_function(function: &str) -> Category {
 
 /// Classifies one sample by its kernel frames, given leaf first. No kernel frames: user time.
 pub fn classify<'a>(kernel_frames_leaf_first: impl IntoIterator<Item = &'a str>) -> Category {
-    let mut any = false;
-    for f in kernel_frames_leaf_first {
-        any = true;
-        if let Some(c) = category_of(f) {
-            return c;
-        }
+    let mut frames = kernel_frames_leaf_first.into_iter().peekable();
+    if frames.peek().is_none() {
+        return Category::User;
     }
-    if any { Category::Other } else { Category::User }
+    let Some(found) = frames.by_ref().find_map(category_of) else {
+        return Category::Other;
+    };
+    in_context(found, frames)
+}
+
+/// The category `found` (a frame's own) takes under the given outer frames, per
+/// [`CONTEXT_RULES`]: the one decision samples and flamegraph colours share.
+pub fn in_context<'a>(found: Category, outer: impl IntoIterator<Item = &'a str>) -> Category {
+    let outer: Vec<&str> = outer.into_iter().map(|f| unclone(function_name(f))).collect();
+    CONTEXT_RULES
+        .iter()
+        .find(|(inner, caller, _)| *inner == found && outer.contains(caller))
+        .map_or(found, |(_, _, becomes)| *becomes)
 }
 
 /// Sample counts per category, and the derived shares.
@@ -277,12 +382,79 @@ mod tests {
             classify(["__account_locked_vm", "vfio_lock_acct"]),
             Category::Accounting
         );
-        assert_eq!(classify(["unmap_page_range", "do_syscall_64"]), Category::Other);
+        assert_eq!(classify(["do_vfs_ioctl", "do_syscall_64"]), Category::Other);
         assert_eq!(
             classify(["vfio_pin_pages_remote [vfio_iommu_type1]"]),
             Category::Pinning
         );
         assert_eq!(classify([]), Category::User);
+    }
+
+    #[test]
+    fn populate_gup_is_faulting_and_pins_only_under_dma() {
+        // A populating mmap (host, 6.18): GUP walks the range to fault pages in.
+        let populate = [
+            "follow_page_mask",
+            "__get_user_pages",
+            "populate_vma_page_range",
+            "__mm_populate",
+            "vm_mmap_pgoff",
+        ];
+        assert_eq!(classify(populate), Category::Faulting);
+        let pin = ["follow_page_mask", "__get_user_pages", "pin_user_pages_remote"];
+        assert_eq!(classify(pin), Category::Pinning);
+        assert_eq!(in_phase(Category::Pinning, false), Category::Faulting);
+        assert_eq!(in_phase(Category::Pinning, true), Category::Pinning);
+        assert_eq!(in_phase(Category::Zeroing, false), Category::Zeroing);
+    }
+
+    #[test]
+    fn unmap_stacks_from_the_custom_kernel() {
+        // Leaf-first frames of `unmap.folded` lines captured in the 7.3 guest.
+        let type1_walk = [
+            "make_range_ul",
+            "pt_iommu_vtdss_iova_to_phys",
+            "iommu_iova_to_phys",
+            "vfio_unmap_unpin_[vfio_iommu_type1]",
+            "vfio_iommu_type1_ioctl_[vfio_iommu_type1]",
+        ];
+        assert_eq!(classify(type1_walk), Category::IommuLookup);
+        let type1_unpin = [
+            "gup_put_folio",
+            "unpin_user_pages_dirty_lock",
+            "vfio_unpin_pages_remote_[vfio_iommu_type1]",
+            "vfio_sync_unpin.isra.0_[vfio_iommu_type1]",
+            "vfio_unmap_unpin_[vfio_iommu_type1]",
+        ];
+        assert_eq!(classify(type1_unpin), Category::Unpinning);
+        let iommufd_walk = [
+            "__iova_to_phys1.constprop.0",
+            "pt_iommu_vtdss_iova_to_phys",
+            "batch_from_domain_[iommufd]",
+            "__iopt_area_unfill_domain_[iommufd]",
+        ];
+        assert_eq!(classify(iommufd_walk), Category::IommuLookup);
+        let batch = [
+            "batch_add_pfn_num_[iommufd]",
+            "batch_from_domain_[iommufd]",
+            "__iopt_area_unfill_domain_[iommufd]",
+        ];
+        assert_eq!(classify(batch), Category::IommuLookup);
+        let clear = [
+            "__unmap_range",
+            "vtdss_unmap_range",
+            "iommu_unmap_nofail",
+            "__iopt_area_unfill_domain",
+        ];
+        assert_eq!(classify(clear), Category::IommuMap);
+        assert_eq!(
+            classify(["vfio_lock_acct.part.0_[vfio_iommu_type1]"]),
+            Category::Accounting
+        );
+        assert_eq!(
+            classify(["free_unref_folios", "folios_put_refs", "tlb_flush_mmu", "unmap_vmas"]),
+            Category::Release
+        );
     }
 
     #[test]

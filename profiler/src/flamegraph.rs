@@ -1,7 +1,7 @@
 //! Folded stacks (Brendan Gregg's format) and SVG flamegraphs (rendered by inferno).
 use std::{collections::BTreeMap, fs, io, path::Path};
 
-use crate::category::{CATEGORIES, Category, category_of};
+use crate::category::{CATEGORIES, Category, category_of, in_context};
 
 /// A folded-stack line that does not parse.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -15,8 +15,9 @@ pub enum FoldedError {
 }
 
 /// The category a flamegraph frame is coloured with: the table's category for kernel functions
-/// it knows, `user` for user-space frames, `other` for the rest.
-fn frame_category(frame: &str) -> Category {
+/// it knows (under the context rules its callers `outer` trigger), `user` for user-space
+/// frames, `other` for the rest.
+fn frame_category(frame: &str, outer: &[&str]) -> Category {
     if frame == "[user]" {
         return Category::User;
     }
@@ -25,18 +26,20 @@ fn frame_category(frame: &str) -> Category {
         .iter()
         .copied()
         .find(|c| c.name() == name)
-        .or_else(|| category_of(frame))
+        .or_else(|| category_of(frame).map(|c| in_context(c, outer.iter().copied())))
         .unwrap_or(Category::Other)
 }
 
-/// A palette that colours every frame of `folded` by its category.
+/// A palette that colours every frame of `folded` by its category. A frame's colour is set by
+/// the first stack it appears in (a function is coloured once per flamegraph).
 fn category_palette(folded: &Folded) -> inferno::flamegraph::color::PaletteMap {
     let mut text = String::new();
     let mut seen = std::collections::HashSet::new();
     for stack in folded.stacks.keys() {
-        for frame in stack.split(';') {
-            if seen.insert(frame) {
-                let (r, g, b) = frame_category(frame).color();
+        let frames: Vec<&str> = stack.split(';').collect();
+        for (i, frame) in frames.iter().enumerate() {
+            if seen.insert(*frame) {
+                let (r, g, b) = frame_category(frame, &frames[..i]).color();
                 text.push_str(&format!("{frame}->rgb({r},{g},{b})\n"));
             }
         }
@@ -231,10 +234,16 @@ mod tests {
 
     #[test]
     fn frames_are_coloured_by_category() {
-        assert_eq!(frame_category("clear_page_erms"), Category::Zeroing);
-        assert_eq!(frame_category("[user]"), Category::User);
-        assert_eq!(frame_category("cat:pinning"), Category::Pinning);
-        assert_eq!(frame_category("mmap"), Category::Other);
+        assert_eq!(frame_category("clear_page_erms", &[]), Category::Zeroing);
+        assert_eq!(frame_category("[user]", &[]), Category::User);
+        assert_eq!(frame_category("cat:pinning", &[]), Category::Pinning);
+        assert_eq!(frame_category("mmap", &[]), Category::Other);
+        assert_eq!(
+            frame_category("vfio_pin_pages_remote_[vfio_iommu_type1]", &[]),
+            Category::Pinning
+        );
+        let populate = ["mmap", "vm_mmap_pgoff", "__mm_populate", "populate_vma_page_range"];
+        assert_eq!(frame_category("__get_user_pages", &populate), Category::Faulting);
         let mut f = Folded::default();
         f.add(["mmap", "handle_mm_fault", "clear_page_erms"], 1);
         let p = category_palette(&f);

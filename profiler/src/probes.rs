@@ -65,6 +65,9 @@ pub const PROBE_TABLE: &[ProbeRow] = &[
     pages("vaddr_get_pfns", 2),
     pages("vfio_iommu_map", 3),
     row("vfio_unmap_unpin"),
+    row("vfio_sync_unpin"),
+    pages("vfio_unpin_pages_remote", 3),
+    row("vfio_lock_acct"),
     // iommufd (module iommufd).
     row("iommufd_ioas_map"),
     row("iommufd_ioas_map_file"),
@@ -73,9 +76,15 @@ pub const PROBE_TABLE: &[ProbeRow] = &[
     row("iopt_map_user_pages"),
     row("iopt_map_file_pages"),
     row("iopt_area_fill_domains"),
+    row("pfn_reader_first"),
+    row("pfn_reader_next"),
     row("pfn_reader_user_pin"),
     row("batch_to_domain"),
     row("iopt_pages_update_pinned"),
+    row("iopt_area_unfill_domains"),
+    row("__iopt_area_unfill_domain"),
+    row("batch_from_domain"),
+    row("batch_unpin"),
     // GUP.
     pages("pin_user_pages_remote", 2),
     pages("pin_user_pages_fast", 1),
@@ -96,6 +105,7 @@ pub const PROBE_TABLE: &[ProbeRow] = &[
     // The core's sync is inlined on current kernels: the Intel driver's flush hooks stand in.
     row("intel_iommu_iotlb_sync_map"),
     row("intel_flush_iotlb_all"),
+    row("intel_iommu_tlb_sync"),
     // locked_vm accounting.
     pages("__account_locked_vm", 1),
     pages("account_locked_vm", 1),
@@ -265,6 +275,9 @@ mod tests {
         assert_eq!(cat("folio_zero_user"), Category::Zeroing);
         assert_eq!(cat("intel_flush_iotlb_all"), Category::IommuFlush);
         assert_eq!(cat("vfio_iommu_type1_ioctl"), Category::Other);
+        assert_eq!(cat("vfio_unpin_pages_remote"), Category::Unpinning);
+        assert_eq!(cat("batch_from_domain"), Category::IommuLookup);
+        assert_eq!(cat("vfio_lock_acct"), Category::Accounting);
     }
 
     #[test]

@@ -322,7 +322,16 @@ pub struct Exact {
     pub kernel_ns: u64,
     /// Exclusive time per category; `other` includes syscall time outside every probed row.
     pub categories: BTreeMap<Category, u64>,
-    /// wall - sum(categories): user space, exception entry, and whatever no probe saw.
+    /// What the probes themselves cost in this iteration: its wall time minus the untraced
+    /// pass's median, taken out of the rows (and the unprobed syscall time) where the probe
+    /// hits landed. None without an untraced pass.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe_overhead_ns: Option<u64>,
+    /// Probed calls in this iteration (each one an entry and a return probe hit).
+    #[serde(default)]
+    pub probe_hits: u64,
+    /// wall - sum(categories) - probe overhead: user space, exception entry, and whatever no
+    /// probe saw.
     pub unattributed_ns: i64,
     /// Per probed function.
     pub rows: Vec<ExactRow>,
@@ -344,8 +353,15 @@ pub struct ExactRow {
     pub calls: u64,
     /// Entry-to-return time.
     pub inclusive_ns: u64,
-    /// Minus probed callees.
+    /// Minus probed callees (as measured, probe cost included).
     pub exclusive_ns: u64,
+    /// Probed calls made directly from it.
+    #[serde(default)]
+    pub child_calls: u64,
+    /// The part of `exclusive_ns` estimated to be probe cost (its own and its probed callees'
+    /// entry and return); its category gets the rest.
+    #[serde(default)]
+    pub overhead_ns: u64,
     /// Sum of the row's size argument.
     #[serde(default)]
     pub amount: u64,

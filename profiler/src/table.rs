@@ -142,18 +142,35 @@ fn case_table(case: &CaseReport) -> String {
         "faults cpu/min",
         "samples"
     );
-    for c in CATEGORIES {
+    let columns = columns(case);
+    for c in &columns {
         let _ = write!(out, " {:>9}", c.short());
     }
     out.push('\n');
     for p in &case.phases {
-        out += &phase_row(p);
-        out += &exact_row(p);
+        out += &phase_row(p, &columns);
+        out += &exact_row(p, &columns);
     }
     out
 }
 
-fn phase_row(p: &PhaseReport) -> String {
+/// The categories a case's table shows: those any of its phases measured (exact or sampled),
+/// so a case that never unpins or releases has no empty columns. report.json keeps them all.
+fn columns(case: &CaseReport) -> Vec<Category> {
+    let seen = |c: Category| {
+        case.phases.iter().any(|p| {
+            let sampled = p.sampled.categories.get(&c).is_some_and(|s| *s >= 0.005);
+            let exact = match c {
+                Category::User => p.exact.available && p.exact.unattributed_ns != 0,
+                c => p.exact.categories.get(&c).is_some_and(|ns| *ns > 0),
+            };
+            sampled || exact
+        })
+    };
+    CATEGORIES.iter().copied().filter(|c| seen(*c)).collect()
+}
+
+fn phase_row(p: &PhaseReport, columns: &[Category]) -> String {
     let mut out = String::new();
     // Throughput of a phase that takes microseconds says nothing about memory.
     let gib = if p.gib_per_s > 0.0 && p.wall_ns.median >= 100_000 {
@@ -180,7 +197,7 @@ fn phase_row(p: &PhaseReport) -> String {
         faults(p),
         samples
     );
-    for c in CATEGORIES {
+    for c in columns {
         let cell = match p.sampled.samples {
             0 => "-".to_owned(),
             _ => format!("{:.0}%", p.sampled.categories.get(c).copied().unwrap_or(0.0) * 100.0),
@@ -206,16 +223,24 @@ fn faults(p: &PhaseReport) -> String {
     format!("{cpu}/{}", p.counters.minor_faults)
 }
 
-/// The same categories measured exactly, as shares of the reported iteration's wall time; the
-/// `user` column holds what no probe saw (unattributed).
-fn exact_row(p: &PhaseReport) -> String {
+/// The same categories measured exactly, as shares of the reported iteration's wall time less
+/// what its probes cost (shown, with their hits); the `user` column holds what no probe saw
+/// (unattributed).
+fn exact_row(p: &PhaseReport, columns: &[Category]) -> String {
     let mut out = String::new();
     if !p.exact.available || p.exact.wall_ns == 0 {
         return out;
     }
-    let _ = write!(out, "  {:<13}{:>10}{:>78}", "  exact", ms(p.exact.wall_ns), "");
-    let wall = p.exact.wall_ns as f64;
-    for c in CATEGORIES {
+    let cost = p.exact.probe_overhead_ns.map_or(String::new(), |o| {
+        format!("probes cost {} ms of it ({} calls)", ms(o), p.exact.probe_hits)
+    });
+    let _ = write!(out, "  {:<13}{:>10}{cost:>78}", "  exact", ms(p.exact.wall_ns));
+    let wall = p
+        .exact
+        .wall_ns
+        .saturating_sub(p.exact.probe_overhead_ns.unwrap_or(0))
+        .max(1) as f64;
+    for c in columns {
         let v = match c {
             Category::User => p.exact.unattributed_ns as f64,
             c => p.exact.categories.get(c).copied().unwrap_or(0) as f64,

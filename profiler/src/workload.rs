@@ -65,6 +65,11 @@ impl Phase {
         self.into()
     }
 
+    /// Whether the phase is a DMA ioctl (the only phases that pin or unpin).
+    pub fn is_dma(self) -> bool {
+        matches!(self, Phase::Map | Phase::Unmap)
+    }
+
     /// Position in [`PHASES`].
     pub fn index(self) -> usize {
         PHASES.iter().position(|p| *p == self).unwrap_or(0)
