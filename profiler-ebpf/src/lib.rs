@@ -145,6 +145,8 @@ pub struct RowStats {
     /// Probed calls made directly from this row (each one's probe cost lands partly in this
     /// row's exclusive time).
     pub child_calls: u64,
+    /// How many of those were kprobe hits (the rest fentry), which cost differently.
+    pub child_kprobe_calls: u64,
 }
 
 /// One active probed call.
@@ -153,8 +155,8 @@ pub struct RowStats {
 pub struct Frame {
     /// Probe-table row.
     pub row: u32,
-    /// Reserved.
-    pub _pad: u32,
+    /// 1 when the call was caught by a kprobe, 0 by fentry.
+    pub kprobe: u32,
     /// Entry time.
     pub start_ns: u64,
     /// Inclusive time of probed callees so far.
@@ -163,6 +165,8 @@ pub struct Frame {
     pub amount: u64,
     /// Probed calls made directly from this one so far.
     pub child_calls: u64,
+    /// How many of those were kprobe hits.
+    pub child_kprobe_calls: u64,
 }
 
 /// Key of one sampled-stack count.

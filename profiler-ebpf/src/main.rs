@@ -213,7 +213,7 @@ fn read_arg(ctx: &ProbeContext, n: i32) -> u64 {
 pub fn row_entry(ctx: ProbeContext) -> u32 {
     // SAFETY: bpf_get_func_ip is allowed in kprobe programs (5.15+) and reads only ctx.
     let ip = unsafe { bpf_get_func_ip(ctx.as_ptr()) };
-    enter(&ctx, ip, |n| read_arg(&ctx, n))
+    enter(&ctx, ip, true, |n| read_arg(&ctx, n))
 }
 
 /// Return of any probed function: pop its frame, account inclusive and exclusive time.
@@ -242,7 +242,7 @@ macro_rules! fentry_slots {
         pub fn $entry(ctx: FEntryContext) -> u32 {
             // SAFETY: bpf_get_func_ip is allowed in tracing programs and reads only ctx.
             let ip = unsafe { bpf_get_func_ip(ctx.as_ptr()) };
-            enter(&ctx, ip, |n| func_arg(&ctx, n))
+            enter(&ctx, ip, false, |n| func_arg(&ctx, n))
         }
 
         #[fexit]
@@ -263,9 +263,10 @@ fentry_slots! {
     row_fentry_21 row_fexit_21 row_fentry_22 row_fexit_22 row_fentry_23 row_fexit_23
 }
 
-/// Pushes a frame for the row of the function at `ip`; `arg(n)` reads its argument n.
+/// Pushes a frame for the row of the function at `ip` (caught by a kprobe or by fentry);
+/// `arg(n)` reads its argument n.
 #[inline(always)]
-fn enter<C: EbpfContext>(ctx: &C, ip: u64, arg: impl FnOnce(i32) -> u64) -> u32 {
+fn enter<C: EbpfContext>(ctx: &C, ip: u64, kprobe: bool, arg: impl FnOnce(i32) -> u64) -> u32 {
     let Some(phase) = recording_phase() else {
         return 0;
     };
@@ -299,11 +300,12 @@ fn enter<C: EbpfContext>(ctx: &C, ip: u64, arg: impl FnOnce(i32) -> u64) -> u32 
         unsafe {
             *frame = Frame {
                 row: cfg.row,
-                _pad: 0,
+                kprobe: u32::from(kprobe),
                 start_ns: bpf_ktime_get_ns(),
                 child_ns: 0,
                 amount,
                 child_calls: 0,
+                child_kprobe_calls: 0,
             }
         };
     }
@@ -350,6 +352,7 @@ fn leave<C: EbpfContext>(ctx: &C) -> u32 {
         stats.exclusive_ns += inclusive.saturating_sub(frame.child_ns);
         stats.amount += frame.amount;
         stats.child_calls += frame.child_calls;
+        stats.child_kprobe_calls += frame.child_kprobe_calls;
     }
     if d >= 2
         && let Some(parent) = CALL_STACK.get_ptr_mut(d - 2)
@@ -358,6 +361,7 @@ fn leave<C: EbpfContext>(ctx: &C) -> u32 {
         unsafe {
             (*parent).child_ns += inclusive;
             (*parent).child_calls += 1;
+            (*parent).child_kprobe_calls += u64::from(frame.kprobe);
         }
     }
     0

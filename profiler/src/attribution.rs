@@ -11,7 +11,7 @@ use crate::{
     flamegraph::Folded,
     loader::{Drained, RawSample},
     matrix::Workload,
-    probes::{AttachedBy, PROBE_TABLE, Pass, ProbeStatus},
+    probes::{AttachedBy, CallCost, PROBE_TABLE, Pass, ProbeCost, ProbeStatus},
     report::{CaseReport, Counters, Exact, ExactRow, PassTimes, PhaseReport, Ratio, Sampled, Stats, median_ci},
     symbols::KernelSymbols,
     workload::{PHASES, Phase, PhaseRun},
@@ -117,6 +117,8 @@ pub struct CaseInput<'a> {
     pub rows: &'a [(usize, AttachedBy)],
     /// What was measured at all.
     pub coverage: &'a Coverage,
+    /// What a probed call costs (calibrated at start-up), if measured.
+    pub cost: Option<&'a ProbeCost>,
 }
 
 /// A case's report and the flamegraph inputs that go with it.
@@ -188,9 +190,11 @@ fn exact_breakdown(phase: Phase, exact: &[(u32, &PhaseRun)], input: &CaseInput, 
         })
         .collect();
     rows.sort_by_key(|r| std::cmp::Reverse(r.inclusive_ns));
-    let overhead = untraced.map(|u| run.wall_ns.saturating_sub(u.median));
+    let measured = untraced.map(|u| run.wall_ns.saturating_sub(u.median));
     let unprobed = c.syscall_ns.saturating_sub(rows.iter().map(|r| r.exclusive_ns).sum());
-    let unprobed_overhead = overhead.map_or(0, |o| charge_overhead(&mut rows, o, unprobed));
+    let costs = call_costs(&rows, input.cost, measured);
+    let calibrated = calibrated_total(&rows, input.cost).map(|t| t as u64);
+    let unprobed_overhead = costs.as_ref().map_or(0, |k| charge_overhead(&mut rows, k, unprobed));
     let mut categories: BTreeMap<Category, u64> = CATEGORIES
         .iter()
         .filter(|c| **c != Category::User)
@@ -201,7 +205,7 @@ fn exact_breakdown(phase: Phase, exact: &[(u32, &PhaseRun)], input: &CaseInput, 
     }
     // Syscall time that no probed row covered is the syscall's own work: `other`.
     *categories.entry(Category::Other).or_default() += unprobed - unprobed_overhead;
-    let probe_overhead_ns = overhead.map(|_| rows.iter().map(|r| r.overhead_ns).sum::<u64>() + unprobed_overhead);
+    let probe_overhead_ns = costs.map(|_| rows.iter().map(|r| r.overhead_ns).sum::<u64>() + unprobed_overhead);
     let sum: u64 = categories.values().sum::<u64>() + probe_overhead_ns.unwrap_or(0);
     Exact {
         available: true,
@@ -211,6 +215,8 @@ fn exact_breakdown(phase: Phase, exact: &[(u32, &PhaseRun)], input: &CaseInput, 
         kernel_ns: c.syscall_ns,
         categories,
         probe_overhead_ns,
+        probe_overhead_measured_ns: measured,
+        probe_overhead_calibrated_ns: calibrated,
         probe_hits: rows.iter().map(|r| r.calls).sum(),
         unattributed_ns: run.wall_ns as i64 - sum as i64,
         rows,
@@ -218,24 +224,81 @@ fn exact_breakdown(phase: Phase, exact: &[(u32, &PhaseRun)], input: &CaseInput, 
     }
 }
 
-/// Spreads `overhead` (the exact pass's wall time over the untraced median) over where the
-/// probes spent it: each probed call costs about the same, half of it inside the call's own
-/// exclusive time and half in its caller's (a probed row, or the unprobed syscall time
+/// What the calibrated cost per call adds up to over one phase's rows, when the calibration
+/// covers every mechanism they used.
+fn calibrated_total(rows: &[ExactRow], calibrated: Option<&ProbeCost>) -> Option<f64> {
+    let c = calibrated?;
+    rows.iter()
+        .map(|r| c.of(r.mechanism).map(|k| r.calls as f64 * k.ns))
+        .sum::<Option<f64>>()
+}
+
+/// The cost of a probed call, by mechanism, for one phase's rows. The calibration gives each
+/// mechanism's cost and own share; where the phase's `measured` cost (wall time over the
+/// untraced median) is known, the costs are scaled to add up to it, since under emulation a
+/// hit inside the workload costs more than in the calibration loop. Without a calibration
+/// the measured cost is spread evenly over the calls, half inside each call and half in its
+/// caller. None when neither is known.
+fn call_costs(rows: &[ExactRow], calibrated: Option<&ProbeCost>, measured: Option<u64>) -> Option<ProbeCost> {
+    let calls: u64 = rows.iter().map(|r| r.calls).sum();
+    let even = CallCost {
+        ns: 1.0,
+        own_share: 0.5,
+    };
+    let (weights, total) = match (calibrated, calibrated_total(rows, calibrated)) {
+        (Some(c), Some(total)) => (c.clone(), total),
+        _ => (
+            ProbeCost {
+                fentry: Some(even),
+                kprobe: Some(even),
+                errors: Vec::new(),
+            },
+            calls as f64,
+        ),
+    };
+    let scale = match measured {
+        Some(m) if total > 0.0 => m as f64 / total,
+        None if calibrated_total(rows, calibrated).is_some() => 1.0,
+        _ => return None,
+    };
+    let scaled = |k: Option<CallCost>| k.map(|k| CallCost { ns: k.ns * scale, ..k });
+    Some(ProbeCost {
+        fentry: scaled(weights.fentry),
+        kprobe: scaled(weights.kprobe),
+        errors: Vec::new(),
+    })
+}
+
+/// Takes the probes' cost out of the rows where it landed: a call's own share stays in its
+/// own exclusive time, the rest in its caller's (a probed row, or the unprobed syscall time
 /// `unprobed` for top-level calls). Sets each row's `overhead_ns` (never more than its
 /// exclusive time) and returns the part charged to the unprobed time.
-fn charge_overhead(rows: &mut [ExactRow], overhead: u64, unprobed: u64) -> u64 {
-    let calls: u64 = rows.iter().map(|r| r.calls).sum();
-    if calls == 0 {
-        return 0;
-    }
-    let child_calls: u64 = rows.iter().map(|r| r.child_calls).sum();
-    // Each call is two halves: its own and its caller's.
-    let per_half = overhead as f64 / (2 * calls) as f64;
+fn charge_overhead(rows: &mut [ExactRow], costs: &ProbeCost, unprobed: u64) -> u64 {
+    let cost = |by: AttachedBy| {
+        costs
+            .of(by)
+            .map_or((0.0, 0.0), |c| (c.ns * c.own_share, c.ns * (1.0 - c.own_share)))
+    };
+    let (_, kprobe_caller) = cost(AttachedBy::Kprobe);
+    let (_, fentry_caller) = cost(AttachedBy::Fentry);
+    let caller_share = |kprobe_calls: u64, all_calls: u64| {
+        kprobe_calls as f64 * kprobe_caller + all_calls.saturating_sub(kprobe_calls) as f64 * fentry_caller
+    };
+    let (mut calls, mut kprobe_calls, mut child_calls, mut child_kprobe_calls) = (0, 0, 0, 0);
     for r in rows.iter_mut() {
-        let halves = (r.calls + r.child_calls) as f64;
-        r.overhead_ns = ((halves * per_half) as u64).min(r.exclusive_ns);
+        let own = r.calls as f64 * cost(r.mechanism).0;
+        let charge = own + caller_share(r.child_kprobe_calls, r.child_calls);
+        r.overhead_ns = (charge as u64).min(r.exclusive_ns);
+        calls += r.calls;
+        kprobe_calls += if r.mechanism == AttachedBy::Kprobe { r.calls } else { 0 };
+        child_calls += r.child_calls;
+        child_kprobe_calls += r.child_kprobe_calls;
     }
-    ((calls.saturating_sub(child_calls) as f64 * per_half) as u64).min(unprobed)
+    let top = caller_share(
+        kprobe_calls.saturating_sub(child_kprobe_calls),
+        calls.saturating_sub(child_calls),
+    );
+    (top as u64).min(unprobed)
 }
 
 /// The counters recorded in `slot` (zero where nothing was).
@@ -289,6 +352,7 @@ fn exact_row(row: usize, st: &RowStats, mechanism: AttachedBy, phase: Phase) -> 
         inclusive_ns: st.inclusive_ns,
         exclusive_ns: st.exclusive_ns,
         child_calls: st.child_calls,
+        child_kprobe_calls: st.child_kprobe_calls,
         overhead_ns: 0,
         amount: st.amount,
         unit: r.amount.map(|(_, u)| u),
@@ -436,18 +500,20 @@ mod tests {
             exclusive_ns,
             amount: 8,
             child_calls: 0,
+            child_kprobe_calls: 0,
         }
     }
 
-    fn exact(function: &str, calls: u64, child_calls: u64, exclusive_ns: u64) -> ExactRow {
+    fn exact(function: &str, by: AttachedBy, calls: u64, children: (u64, u64), exclusive_ns: u64) -> ExactRow {
         ExactRow {
             function: function.into(),
             category: Category::Other,
-            mechanism: AttachedBy::Fentry,
+            mechanism: by,
             calls,
             inclusive_ns: exclusive_ns,
             exclusive_ns,
-            child_calls,
+            child_calls: children.0,
+            child_kprobe_calls: children.1,
             overhead_ns: 0,
             amount: 0,
             unit: None,
@@ -455,21 +521,66 @@ mod tests {
     }
 
     #[test]
-    fn probe_cost_lands_on_callers_and_callees() {
+    fn measured_probe_cost_is_split_evenly_per_call() {
         // One top-level call making 99 probed calls: 100 calls, 200 halves of 10 ns each.
         let mut rows = [
-            exact("vfio_pin_map_dma", 1, 99, 5_000),
-            exact("iommu_map", 99, 0, 50_000),
+            exact("vfio_pin_map_dma", AttachedBy::Kprobe, 1, (99, 0), 5_000),
+            exact("iommu_map", AttachedBy::Fentry, 99, (0, 0), 50_000),
         ];
-        let unprobed = charge_overhead(&mut rows, 2_000, 1_000_000);
+        let costs = call_costs(&rows, None, Some(2_000)).unwrap();
+        let unprobed = charge_overhead(&mut rows, &costs, 1_000_000);
         assert_eq!(rows[0].overhead_ns, 1_000);
         assert_eq!(rows[1].overhead_ns, 990);
         assert_eq!(unprobed, 10);
         // Never more than a row measured.
-        let mut small = [exact("vfio_pin_map_dma", 1, 99, 300), exact("iommu_map", 99, 0, 50_000)];
-        charge_overhead(&mut small, 2_000, 1_000_000);
-        assert_eq!(small[0].overhead_ns, 300);
-        assert_eq!(charge_overhead(&mut [], 2_000, 5), 0);
+        rows[0].exclusive_ns = 300;
+        charge_overhead(&mut rows, &costs, 1_000_000);
+        assert_eq!(rows[0].overhead_ns, 300);
+        assert!(call_costs(&rows, None, None).is_none());
+        assert!(call_costs(&[], None, Some(5)).is_none());
+    }
+
+    #[test]
+    fn calibrated_probe_cost_follows_the_mechanism() {
+        let cost = ProbeCost {
+            fentry: Some(CallCost {
+                ns: 100.0,
+                own_share: 0.5,
+            }),
+            kprobe: Some(CallCost {
+                ns: 1_000.0,
+                own_share: 0.2,
+            }),
+            errors: Vec::new(),
+        };
+        let mut rows = [
+            exact("vfio_pin_map_dma", AttachedBy::Kprobe, 1, (99, 0), 1_000_000),
+            exact("iommu_map", AttachedBy::Fentry, 99, (0, 0), 1_000_000),
+        ];
+        // Without a measured cost the calibration stands as it is.
+        let costs = call_costs(&rows, Some(&cost), None).unwrap();
+        assert_eq!(costs, cost);
+        let unprobed = charge_overhead(&mut rows, &costs, 1_000_000);
+        // Its own 200 ns of one kprobe hit, and 50 ns of each of its 99 fentry callees.
+        assert_eq!(rows[0].overhead_ns, 5_150);
+        assert_eq!(rows[1].overhead_ns, 4_950);
+        // The top-level kprobe call's caller share lands in the unprobed syscall time.
+        assert_eq!(unprobed, 800);
+        // With a measured cost, the calibration's proportions scaled to it: 1000 + 99 * 100 =
+        // 10900 ns calibrated, 21800 measured, so every call costs twice as much.
+        let scaled = call_costs(&rows, Some(&cost), Some(21_800)).unwrap();
+        assert_eq!(scaled.fentry.unwrap().ns, 200.0);
+        assert_eq!(scaled.kprobe.unwrap().own_share, 0.2);
+        assert_eq!(calibrated_total(&rows, Some(&cost)), Some(10_900.0));
+        // A mechanism the calibration lacks: back to the measured even split.
+        let fentry_only = ProbeCost {
+            kprobe: None,
+            ..cost.clone()
+        };
+        let even = call_costs(&rows, Some(&fentry_only), Some(1_000)).unwrap();
+        assert_eq!(even.kprobe.unwrap().ns, 10.0);
+        assert_eq!(even.kprobe.unwrap().own_share, 0.5);
+        assert!(call_costs(&rows, Some(&fentry_only), None).is_none());
     }
 
     #[test]
@@ -540,6 +651,7 @@ mod tests {
             symbols: Some(&symbols),
             rows: &rows,
             coverage: &coverage,
+            cost: None,
         };
         let out = case_report(&input);
         let p = out.report.phases.iter().find(|p| p.name == Phase::Map).unwrap();

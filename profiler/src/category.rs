@@ -132,6 +132,8 @@ pub const CATEGORY_RULES: &[(&str, Category)] = &[
     ("asm_exc_page_fault", Category::Faulting),
     ("shmem_fault", Category::Faulting),
     ("shmem_get_folio_gfp", Category::Faulting),
+    ("shmem_read_folio*", Category::Faulting),
+    ("memfd_alloc_folio", Category::Faulting),
     ("alloc_hugetlb_folio", Category::Faulting),
     ("__alloc_pages*", Category::Faulting),
     ("alloc_pages*", Category::Faulting),

@@ -51,6 +51,15 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Say what a run's numbers mean: ranked findings (what costs the time, why, the evidence,
+    /// what would remove it) and the numbers to read with care.
+    Explain {
+        /// The report.json of a run.
+        report: PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Compare two runs case by case and phase by phase, with differential flamegraphs.
     Diff {
         /// report.json of the first run (before).

@@ -2,9 +2,10 @@
 //!
 //! Data flows one way: [`cli`] options -> [`plan`] (the [`matrix`] of cases against the host's
 //! [`facts`]) -> [`session`] runs the [`workload`] (with [`dma`], [`device`], [`hugepages`])
-//! under the probes ([`probes`] declares them, [`loader`] attaches and reads them) ->
+//! under the probes ([`probes`] declares them, [`loader`] attaches and reads them,
+//! [`calibrate`] measures what they cost) ->
 //! [`attribution`] (exact + sampled, by the one [`category`] table) -> [`report`], written by
-//! [`output`] and shown by [`table`], [`diff`] and [`flamegraph`]. [`stop`] owns signals and
+//! [`output`] and shown by [`table`], [`diff`], [`explain`] and [`flamegraph`]. [`stop`] owns signals and
 //! the emergency clean-up; [`doctor`], [`kernel`], [`privileges`] and [`leftovers`] find the
 //! host's facts.
 
@@ -14,12 +15,14 @@ pub mod abi {
 }
 pub mod attribution;
 pub mod bpflog;
+pub mod calibrate;
 pub mod category;
 pub mod cli;
 pub mod device;
 pub mod diff;
 pub mod dma;
 pub mod doctor;
+pub mod explain;
 pub mod facts;
 pub mod flamegraph;
 pub mod hugepages;

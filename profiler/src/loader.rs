@@ -24,6 +24,12 @@ use crate::{
     symbols::KernelSymbols,
 };
 
+/// The row the calibration probe is accounted under: past every probe-table row.
+pub const CALIBRATION_ROW: u32 = abi::MAX_ROWS - 1;
+
+/// The phase slot calibration records into: past every case's slots.
+pub const CALIBRATION_SLOT: u32 = abi::MAX_PHASES - 1;
+
 /// The BPF object built from profiler-ebpf by build.rs.
 pub static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler-ebpf"));
 
@@ -320,17 +326,7 @@ impl<'e> Attacher<'e> {
 
     /// Loads slot `slot`'s fentry and fexit programs for `symbol` (BTF binds them at load).
     fn load_fentry_slot(&mut self, slot: u32, symbol: &str) -> Result<(), AttachError> {
-        let btf = self
-            .btf
-            .as_ref()
-            .ok_or_else(|| AttachError::Unavailable("no kernel BTF".into()))?;
-        let (entry, exit) = fentry_names(slot);
-        program::<FEntry>(self.ebpf, &entry)?
-            .load(symbol, btf)
-            .map_err(|e| load_error("fentry", &e))?;
-        program::<FExit>(self.ebpf, &exit)?
-            .load(symbol, btf)
-            .map_err(|e| load_error("fexit", &e))
+        load_fentry_slot(self.ebpf, self.btf.as_ref(), slot, symbol)
     }
 
     /// One planned row: fentry when it can bind and is allowed, else kprobes.
@@ -422,6 +418,21 @@ struct Hook {
     group: Group,
     target: Target,
     link: Option<Link>,
+}
+
+/// Loads slot `slot`'s fentry and fexit programs for `symbol` (BTF binds them at load).
+fn load_fentry_slot(ebpf: &mut Ebpf, btf: Option<&Btf>, slot: u32, symbol: &str) -> Result<(), AttachError> {
+    let btf = btf.ok_or_else(|| AttachError::Unavailable("no kernel BTF".into()))?;
+    if slot >= abi::FENTRY_SLOTS {
+        return Err(AttachError::Unavailable("all fentry slots in use".into()));
+    }
+    let (entry, exit) = fentry_names(slot);
+    program::<FEntry>(ebpf, &entry)?
+        .load(symbol, btf)
+        .map_err(|e| load_error("fentry", &e))?;
+    program::<FExit>(ebpf, &exit)?
+        .load(symbol, btf)
+        .map_err(|e| load_error("fexit", &e))
 }
 
 fn fentry_names(slot: u32) -> (String, String) {
@@ -568,7 +579,18 @@ fn register_rows(ebpf: &mut Ebpf, symbols: &KernelSymbols, plans: &[RowPlan]) ->
 }
 
 /// Attaches the probe-table rows the request selects.
-fn attach_rows(ebpf: &mut Ebpf, btf: Option<Btf>, req: &Request) -> Result<(Vec<ProbeStatus>, Vec<Hook>), AttachError> {
+/// What attaching the rows leaves for later attaches: the kernel BTF and the next free fentry
+/// slot.
+struct RowsLeft {
+    btf: Option<Btf>,
+    next_slot: u32,
+}
+
+fn attach_rows(
+    ebpf: &mut Ebpf,
+    btf: Option<Btf>,
+    req: &Request,
+) -> Result<(Vec<ProbeStatus>, Vec<Hook>, RowsLeft), AttachError> {
     let (fentry, kprobes) = (
         req.mechanisms.contains(&Mechanism::Fentry),
         req.mechanisms.contains(&Mechanism::Kprobes),
@@ -582,7 +604,7 @@ fn attach_rows(ebpf: &mut Ebpf, btf: Option<Btf>, req: &Request) -> Result<(Vec<
             .filter(|(i, _)| selected(i))
             .map(|(_, r)| not_attached(r.function, AttachedBy::Kprobe, NOT_REQUESTED))
             .collect();
-        return Ok((status, Vec::new()));
+        return Ok((status, Vec::new(), RowsLeft { btf, next_slot: 0 }));
     }
     let mut attacher = Attacher::new(ebpf, btf, fentry, kprobes);
     let (plans, mut status) = plan_rows(req, attacher.btf.as_ref(), wanted);
@@ -590,7 +612,11 @@ fn attach_rows(ebpf: &mut Ebpf, btf: Option<Btf>, req: &Request) -> Result<(Vec<
         register_rows(attacher.ebpf, symbols, &plans)?;
     }
     status.extend(plans.iter().map(|p| attacher.row(p)));
-    Ok((status, attacher.hooks))
+    let left = RowsLeft {
+        btf: attacher.btf.take(),
+        next_slot: attacher.next_slot,
+    };
+    Ok((status, attacher.hooks, left))
 }
 
 /// Attaches the tracepoints and the sampler the request selects.
@@ -629,11 +655,11 @@ fn attach_events(ebpf: &mut Ebpf, req: &Request) -> (Vec<ProbeStatus>, Vec<Hook>
 pub fn attach(req: &Request) -> Result<Probes, AttachError> {
     let btf = Btf::from_sys_fs().ok();
     let mut ebpf = load(req.tid, req.sample_map_entries, btf.as_ref())?;
-    let (mut status, mut hooks) = attach_rows(&mut ebpf, btf, req)?;
+    let (mut status, mut hooks, left) = attach_rows(&mut ebpf, btf, req)?;
     let (events, event_hooks) = attach_events(&mut ebpf, req);
     status.extend(events);
     hooks.extend(event_hooks);
-    Probes::activate(ebpf, status, hooks)
+    Probes::activate(ebpf, status, hooks, left)
 }
 
 /// One sampled stack and how often it was seen.
@@ -670,11 +696,19 @@ pub struct Probes {
     hooks: Vec<Hook>,
     /// What attached and what did not.
     pub status: Vec<ProbeStatus>,
+    left: RowsLeft,
+    /// The probe on the calibration function while it is measured.
+    calibration: Option<Hook>,
 }
 
 impl Probes {
     /// Takes the maps user space reads and starts forwarding the programs' log records.
-    fn activate(mut ebpf: Ebpf, status: Vec<ProbeStatus>, hooks: Vec<Hook>) -> Result<Self, AttachError> {
+    fn activate(
+        mut ebpf: Ebpf,
+        status: Vec<ProbeStatus>,
+        hooks: Vec<Hook>,
+        left: RowsLeft,
+    ) -> Result<Self, AttachError> {
         let logger = aya_log::EbpfLogger::init_with_logger(&mut ebpf, crate::bpflog::BpfLog).ok();
         let mut take = |name: &'static str| {
             ebpf.take_map(name)
@@ -696,6 +730,8 @@ impl Probes {
             logger,
             hooks,
             status,
+            left,
+            calibration: None,
         })
     }
 
@@ -816,6 +852,80 @@ impl Probes {
             let _ = self.stacks.remove(&id);
         }
         Ok(out)
+    }
+
+    /// Attaches the row programs to `symbol` by `by` (fentry or kprobe), accounted as row
+    /// [`CALIBRATION_ROW`], replacing an earlier calibration probe. Recording needs
+    /// `set_phase(CALIBRATION_SLOT)`.
+    pub fn attach_calibration(
+        &mut self,
+        symbols: &KernelSymbols,
+        symbol: &str,
+        by: AttachedBy,
+    ) -> Result<(), AttachError> {
+        self.detach_calibration()?;
+        let mut by_ip: HashMap<_, u64, RowConfig> = self
+            .ebpf
+            .map_mut(abi::maps::ROW_BY_IP)
+            .ok_or_else(|| AttachError::Missing(format!("map {}", abi::maps::ROW_BY_IP)))
+            .and_then(|m| {
+                HashMap::try_from(m).map_err(|source| AttachError::Map {
+                    what: "ROW_BY_IP",
+                    source,
+                })
+            })?;
+        let cfg = RowConfig {
+            row: CALIBRATION_ROW,
+            amount_arg: -1,
+        };
+        for (_, addrs) in symbols.lookup(symbol).iter().filter(|(s, _)| *s == symbol) {
+            for a in *addrs {
+                by_ip.insert(*a, cfg, 0).map_err(|source| AttachError::Map {
+                    what: "ROW_BY_IP insert",
+                    source,
+                })?;
+            }
+        }
+        let target = match by {
+            AttachedBy::Fentry => {
+                let slot = self.left.next_slot;
+                load_fentry_slot(&mut self.ebpf, self.left.btf.as_ref(), slot, symbol)?;
+                self.left.next_slot += 1;
+                Target::Fentry(slot, symbol.to_owned())
+            }
+            _ => Target::Kprobe(symbol.to_owned()),
+        };
+        let link = link(&mut self.ebpf, &target)?;
+        self.calibration = Some(Hook {
+            group: Group::Rows,
+            target,
+            link: Some(link),
+        });
+        Ok(())
+    }
+
+    /// Detaches the calibration probe, if any.
+    pub fn detach_calibration(&mut self) -> Result<(), AttachError> {
+        if let Some(mut hook) = self.calibration.take()
+            && let Some(l) = hook.link.take()
+        {
+            unlink(&mut self.ebpf, &hook.target, l)?;
+        }
+        Ok(())
+    }
+
+    /// Reads and clears what the calibration row recorded in [`CALIBRATION_SLOT`].
+    pub fn take_calibration_stats(&mut self) -> Result<RowStats, AttachError> {
+        let map_err = |what| move |source| AttachError::Map { what, source };
+        let idx = CALIBRATION_SLOT * abi::MAX_ROWS + CALIBRATION_ROW;
+        let st = self.row_stats.get(&idx, 0).map_err(map_err("ROW_STATS read"))?;
+        self.row_stats
+            .set(idx, RowStats::default(), 0)
+            .map_err(map_err("ROW_STATS reset"))?;
+        self.counters
+            .set(CALIBRATION_SLOT, PhaseCounters::default(), 0)
+            .map_err(map_err("PHASE_COUNTERS reset"))?;
+        Ok(st)
     }
 
     /// The loaded object (for tests and doctor's checks).

@@ -7,7 +7,7 @@ use clap::Parser as _;
 use profiler::{
     bpflog,
     cli::{Cli, Command, RunArgs},
-    diff, doctor, leftovers, matrix, report,
+    diff, doctor, explain, leftovers, matrix, report,
     session::{RunError, Session},
     stop::{self, Control, StopSignals},
     sys, table,
@@ -77,6 +77,14 @@ fn main() -> ExitCode {
             json: as_json,
         } => report::read(&path).map_err(Into::into).map(|r| {
             out(&if as_json { json(&r) } else { table::render_table(&r) });
+            ExitCode::SUCCESS
+        }),
+        Command::Explain {
+            report: path,
+            json: as_json,
+        } => report::read(&path).map_err(Into::into).map(|r| {
+            let e = explain::explain(&r);
+            out(&if as_json { json(&e) } else { explain::render(&e) });
             ExitCode::SUCCESS
         }),
         Command::Diff {

@@ -89,6 +89,8 @@ pub const PROBE_TABLE: &[ProbeRow] = &[
     pages("pin_user_pages_remote", 2),
     pages("pin_user_pages_fast", 1),
     row("memfd_pin_folios"),
+    // One call per folio the file lacks: the allocation (and zeroing) inside memfd_pin_folios.
+    row("memfd_alloc_folio"),
     pages("__get_user_pages", 2),
     // Faults and zeroing.
     row("handle_mm_fault"),
@@ -110,6 +112,39 @@ pub const PROBE_TABLE: &[ProbeRow] = &[
     pages("__account_locked_vm", 1),
     pages("account_locked_vm", 1),
 ];
+
+/// What one probed call costs on the running kernel, per mechanism (None: not measured).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProbeCost {
+    /// An fentry/fexit pair.
+    pub fentry: Option<CallCost>,
+    /// A kprobe/kretprobe pair.
+    pub kprobe: Option<CallCost>,
+    /// Why a mechanism the rows use could not be measured.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<String>,
+}
+
+impl ProbeCost {
+    /// The cost of a call caught by `by`.
+    pub fn of(&self, by: AttachedBy) -> Option<CallCost> {
+        match by {
+            AttachedBy::Fentry => self.fentry,
+            AttachedBy::Kprobe => self.kprobe,
+            _ => None,
+        }
+    }
+}
+
+/// The cost of one probed call.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CallCost {
+    /// Wall time the call gains, in ns.
+    pub ns: f64,
+    /// The share of that inside the call's own entry-to-return time; the rest lands in its
+    /// caller's exclusive time.
+    pub own_share: f64,
+}
 
 /// A tracepoint the memory phases use, attached as a raw tracepoint (cheaper per hit, and no
 /// tracefs mount needed).

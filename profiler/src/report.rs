@@ -8,7 +8,7 @@ use crate::{
     category::Category,
     facts::{Capabilities, KernelInfo},
     matrix::{Backing, DmaMode, Prefault, Thp},
-    probes::{AmountUnit, AttachedBy, Mechanism, Pass, ProbeStatus},
+    probes::{AmountUnit, AttachedBy, Mechanism, Pass, ProbeCost, ProbeStatus},
     workload::Phase,
 };
 
@@ -41,6 +41,10 @@ pub struct Report {
     /// Which probes attached (per run; the same for every case).
     #[serde(default)]
     pub probes: Vec<ProbeStatus>,
+    /// What a probed call costs on this kernel, measured before the cases (None: no exact
+    /// pass, or nothing could be measured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe_cost: Option<ProbeCost>,
     /// True when the run was interrupted and the report covers only what finished.
     #[serde(default)]
     pub partial: bool,
@@ -322,11 +326,21 @@ pub struct Exact {
     pub kernel_ns: u64,
     /// Exclusive time per category; `other` includes syscall time outside every probed row.
     pub categories: BTreeMap<Category, u64>,
-    /// What the probes themselves cost in this iteration: its wall time minus the untraced
-    /// pass's median, taken out of the rows (and the unprobed syscall time) where the probe
-    /// hits landed. None without an untraced pass.
+    /// What the probes themselves cost in this iteration, taken out of the rows (and the
+    /// unprobed syscall time) where the probe hits landed: `probe_overhead_measured_ns` where
+    /// there is one, spread over the hits in the calibration's proportions (per mechanism,
+    /// own share and caller's share), else the calibrated cost as it is. None when neither is
+    /// known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub probe_overhead_ns: Option<u64>,
+    /// This iteration's wall time minus the untraced pass's median (None without an untraced
+    /// pass): what the probes cost, measured, noise included.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe_overhead_measured_ns: Option<u64>,
+    /// What the calibrated cost per call (`probe_cost`) adds up to over this iteration's
+    /// probe hits (None: no calibration for a mechanism the rows used).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe_overhead_calibrated_ns: Option<u64>,
     /// Probed calls in this iteration (each one an entry and a return probe hit).
     #[serde(default)]
     pub probe_hits: u64,
@@ -358,6 +372,9 @@ pub struct ExactRow {
     /// Probed calls made directly from it.
     #[serde(default)]
     pub child_calls: u64,
+    /// How many of those were kprobe hits (the rest fentry).
+    #[serde(default)]
+    pub child_kprobe_calls: u64,
     /// The part of `exclusive_ns` estimated to be probe cost (its own and its probed callees'
     /// entry and return); its category gets the rest.
     #[serde(default)]

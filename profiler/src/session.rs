@@ -5,6 +5,7 @@ use std::{path::Path, time::Instant};
 
 use crate::{
     attribution::{self, CaseInput, Coverage, PassRuns},
+    calibrate,
     device::{Device, DeviceError},
     dma::DmaContext,
     doctor::{self, Doctor},
@@ -15,7 +16,7 @@ use crate::{
     output::{self, OutDir, OutputError},
     plan::{self, Plan, PlanError, RunOptions},
     privileges,
-    probes::Pass,
+    probes::{AttachedBy, Pass},
     report::{self, Config, Failed, Report, Skipped, Timing},
     stop::{Control, Stage},
     symbols::KernelSymbols,
@@ -135,6 +136,13 @@ impl Session {
         report.timing.attach_ns = started.elapsed().as_nanos() as u64;
         report.timing.start_to_attached_ns = self.opts.started.elapsed().as_nanos() as u64;
         report.probes = probes.as_ref().map(|p| p.status.clone()).unwrap_or_default();
+        report.probe_cost = match (probes.as_mut(), symbols.as_ref()) {
+            (Some(p), Some(s)) if self.opts.passes.contains(&Pass::Exact) => {
+                let used: Vec<AttachedBy> = p.attached_rows().into_iter().map(|(_, m)| m).collect();
+                Some(calibrate::measure(p, s, &used))
+            }
+            _ => None,
+        };
         let coverage = match &probes {
             Some(p) => Coverage::of(&p.status, &self.opts.passes),
             None => Coverage::none("no traced pass (--no-trace or --passes untraced): no probe was loaded"),
@@ -203,6 +211,7 @@ impl Session {
             probes: Vec::new(),
             partial: false,
             timing: Timing::default(),
+            probe_cost: None,
         }
     }
 
@@ -270,6 +279,7 @@ impl Session {
                 symbols: tracing.symbols,
                 rows: &rows,
                 coverage: tracing.coverage,
+                cost: report.probe_cost.as_ref(),
             });
             output::write_case(&self.out.path, &out)?;
             report.cases.push(out.report);

@@ -28,6 +28,24 @@ pub fn render_table(report: &Report) -> String {
         out += &case_table(case);
     }
     out += &footer(report);
+    out += &findings(report);
+    out
+}
+
+/// How many findings the table's closing block names.
+const TOP_FINDINGS: usize = 3;
+
+/// The largest findings of `dmaprof explain`, a line each.
+fn findings(report: &Report) -> String {
+    let e = crate::explain::explain(report);
+    let mut out = String::new();
+    if e.findings.is_empty() {
+        return out;
+    }
+    out += "\nFindings (largest first; `dmaprof explain <report.json>` for why, evidence and the rest):\n";
+    for f in e.findings.iter().take(TOP_FINDINGS) {
+        let _ = writeln!(out, "  {} {}: {}; fix: {}", f.case, f.phase.name(), f.what, f.fix);
+    }
     out
 }
 
@@ -231,8 +249,16 @@ fn exact_row(p: &PhaseReport, columns: &[Category]) -> String {
     if !p.exact.available || p.exact.wall_ns == 0 {
         return out;
     }
+    let calibrated = p
+        .exact
+        .probe_overhead_calibrated_ns
+        .map_or(String::new(), |c| format!(", {} per calibration", ms(c)));
     let cost = p.exact.probe_overhead_ns.map_or(String::new(), |o| {
-        format!("probes cost {} ms of it ({} calls)", ms(o), p.exact.probe_hits)
+        format!(
+            "probes cost {} ms of it{calibrated} ({} calls)",
+            ms(o),
+            p.exact.probe_hits
+        )
     });
     let _ = write!(out, "  {:<13}{:>10}{cost:>78}", "  exact", ms(p.exact.wall_ns));
     let wall = p

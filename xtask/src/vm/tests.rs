@@ -549,10 +549,58 @@ fn dma_matrix_custom(c: &Ctx) -> Outcome {
             ));
         }
     }
+    let explained = explain_check(c, &scratch("matrix-custom").join("report.json")).unwrap_or_else(|e| {
+        problems.push(e);
+        String::new()
+    });
     if problems.is_empty() {
-        Ok(format!(", {ran} cases"))
+        Ok(format!(", {ran} cases{explained}"))
     } else {
         Err(problems.join("; "))
+    }
+}
+
+/// Findings `dmaprof explain` must make on the custom kernel's matrix (rule, case), and ones
+/// it must not: native iommufd maps hugetlb in large IOMMU pages.
+const FINDINGS: [(&str, &str, bool); 6] = [
+    ("demand_faults_in_map", "vfio_type1_iommu_anonymous.none", true),
+    ("demand_faults_in_map", "vfio_type1_iommu_anonymous.populate", false),
+    (
+        "small_iommu_pages",
+        "iommufd_compat_type1_anonymous_hugetlb_2mb.none",
+        true,
+    ),
+    ("small_iommu_pages", "iommufd_anonymous_hugetlb_2mb.none", false),
+    ("memfd_pin_allocates", "iommufd_memfd.none", true),
+    ("unmap_iova_walk", "iommufd_anonymous_hugetlb_2mb.populate", true),
+];
+
+/// Runs `dmaprof explain --json` (the same static binary, on the host) on a guest run's
+/// report and checks [`FINDINGS`].
+fn explain_check(c: &Ctx, report: &Path) -> Result<String, String> {
+    let out = std::process::Command::new(c.dmaprof)
+        .args(["explain", "--json"])
+        .arg(report)
+        .output()
+        .map_err(|e| format!("dmaprof explain: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "dmaprof explain failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let e: Value = serde_json::from_slice(&out.stdout).map_err(|e| format!("explain --json is not JSON: {e}"))?;
+    let findings = e["findings"].as_array().cloned().unwrap_or_default();
+    let fired = |rule: &str, case: &str| findings.iter().any(|f| f["rule"] == rule && f["case"] == case);
+    let wrong: Vec<String> = FINDINGS
+        .iter()
+        .filter(|(rule, case, want)| fired(rule, case) != *want)
+        .map(|(rule, case, want)| format!("{rule} on {case}: {}", if *want { "missing" } else { "fired" }))
+        .collect();
+    if wrong.is_empty() {
+        Ok(format!(", explain: {} findings", findings.len()))
+    } else {
+        Err(format!("explain: {}", wrong.join(", ")))
     }
 }
 
@@ -748,6 +796,10 @@ fn attribution(c: &Ctx) -> Outcome {
             worst_unattr * 100.0
         ));
     }
+    match probe_cost_check(&r) {
+        Ok(note) => notes.push(note),
+        Err(e) => problems.push(e),
+    }
     // Mixed mechanisms: vmlinux rows by fentry/fexit, module rows by kprobe/kretprobe, one
     // accounting (the call counts above and below come through both).
     let probes = r["probes"].as_array().cloned().unwrap_or_default();
@@ -918,6 +970,37 @@ fn tracepoint_case(dir: &Path, name: &str, same_calls: bool) -> Result<String, S
     } else {
         Err(format!("ftrace and dmaprof disagree: {note}"))
     }
+}
+
+/// The start-up calibration measured both mechanisms (a cost, and an own share in 0..1), and
+/// how much of the measured probe cost of the large map phases its per-hit costs explain
+/// (noted, not judged: under TCG a hit inside the workload costs more than in a tight loop).
+fn probe_cost_check(r: &Value) -> Result<String, String> {
+    let cost = &r["probe_cost"];
+    for m in ["fentry", "kprobe"] {
+        let (ns_per_call, own) = (ns(&cost[m]["ns"]), ns(&cost[m]["own_share"]));
+        if ns_per_call <= 0.0 || !(own > 0.0 && own <= 1.0) {
+            return Err(format!("the probe cost calibration did not measure {m}: {cost}"));
+        }
+    }
+    let explained: Vec<String> = r["cases"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| {
+            let p = phase(c, "map").ok()?;
+            let e = &p["exact"];
+            let measured = ns(&e["probe_overhead_measured_ns"]);
+            (ns(&e["wall_ns"]) >= 20e6 && measured >= 2e6)
+                .then(|| format!("{:.0}%", ns(&e["probe_overhead_calibrated_ns"]) / measured * 100.0))
+        })
+        .collect();
+    Ok(format!(
+        "probe cost per call fentry {:.0} ns, kprobe {:.0} ns; calibrated share of the measured cost on large maps: {}",
+        ns(&cost["fentry"]["ns"]),
+        ns(&cost["kprobe"]["ns"]),
+        explained.join(" ")
+    ))
 }
 
 /// Rounds of the C reference against dmaprof's untraced pass, in one boot.

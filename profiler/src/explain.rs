@@ -1,0 +1,550 @@
+//! `dmaprof explain`: what a report's numbers mean, in words. One table of rules
+//! ([`RULES`]): each looks at one case of a report (and the other cases of the same run) and,
+//! when its condition holds, says what costs the time, why the kernel pays it, the evidence
+//! from this run, and what would remove it. Findings are ranked by the time at stake. Checks
+//! ([`checks`]) say where a number in the report cannot be trusted. Nothing here guesses
+//! beyond the report: a rule without the numbers it needs stays silent.
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::{
+    category::Category,
+    matrix::{DmaMode, Prefault},
+    report::{CaseReport, PhaseReport, Report},
+    workload::Phase,
+};
+
+/// How many findings of one rule the text tells in full (the rest are listed by case).
+const FULL_PER_RULE: usize = 3;
+
+/// Bytes of a base page: per-page costs are per 4 KiB of the buffer.
+const PAGE: u64 = 4096;
+
+/// One finding about one case.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Finding {
+    /// The rule that fired.
+    pub rule: &'static str,
+    /// The case.
+    pub case: String,
+    /// The phase it is about.
+    pub phase: Phase,
+    /// Time at stake in that phase (untraced scale), ns.
+    pub ns: u64,
+    /// What costs the time.
+    pub what: String,
+    /// Why the kernel pays it.
+    pub why: String,
+    /// The numbers of this run that show it.
+    pub evidence: String,
+    /// What would remove it.
+    pub fix: String,
+}
+
+/// A finding's text, before it is tied to its case.
+struct Fired {
+    phase: Phase,
+    ns: u64,
+    what: String,
+    why: String,
+    evidence: String,
+    fix: String,
+}
+
+/// One rule: an id and a condition over a case of a report that yields a finding.
+pub struct Rule {
+    /// Stable name (in `explain --json`).
+    pub id: &'static str,
+    fires: fn(&Report, &CaseReport) -> Option<Fired>,
+}
+
+/// Every rule. Order does not matter: findings are ranked by the time at stake.
+pub const RULES: &[Rule] = &[
+    Rule {
+        id: "demand_faults_in_map",
+        fires: demand_faults_in_map,
+    },
+    Rule {
+        id: "small_iommu_pages",
+        fires: small_iommu_pages,
+    },
+    Rule {
+        id: "iotlb_sync_per_map",
+        fires: iotlb_sync_per_map,
+    },
+    Rule {
+        id: "memfd_pin_allocates",
+        fires: memfd_pin_allocates,
+    },
+    Rule {
+        id: "unmap_iova_walk",
+        fires: unmap_iova_walk,
+    },
+];
+
+/// The findings and checks of one report.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Explanation {
+    /// Ranked by time at stake, largest first.
+    pub findings: Vec<Finding>,
+    /// Where a number cannot be trusted.
+    pub checks: Vec<String>,
+}
+
+/// Runs every rule on every case of `report`.
+pub fn explain(report: &Report) -> Explanation {
+    let mut findings: Vec<Finding> = report
+        .cases
+        .iter()
+        .flat_map(|case| {
+            RULES.iter().filter_map(move |rule| {
+                (rule.fires)(report, case).map(|f| Finding {
+                    rule: rule.id,
+                    case: case.name.clone(),
+                    phase: f.phase,
+                    ns: f.ns,
+                    what: f.what,
+                    why: f.why,
+                    evidence: f.evidence,
+                    fix: f.fix,
+                })
+            })
+        })
+        .collect();
+    findings.sort_by_key(|f| std::cmp::Reverse(f.ns));
+    Explanation {
+        findings,
+        checks: checks(report),
+    }
+}
+
+/// The phase of `case` named `phase`.
+fn phase(case: &CaseReport, phase: Phase) -> Option<&PhaseReport> {
+    case.phases.iter().find(|p| p.name == phase)
+}
+
+/// The share of `p` that `cats` take: exact (less probe cost) where measured, else sampled.
+fn share(p: &PhaseReport, cats: &[Category]) -> f64 {
+    if p.exact.available && p.exact.wall_ns > 0 {
+        let wall = p
+            .exact
+            .wall_ns
+            .saturating_sub(p.exact.probe_overhead_ns.unwrap_or(0))
+            .max(1);
+        let ns: u64 = cats.iter().filter_map(|c| p.exact.categories.get(c)).sum();
+        return ns as f64 / wall as f64;
+    }
+    cats.iter().filter_map(|c| p.sampled.categories.get(c)).sum()
+}
+
+/// What `cats` take of `p`, scaled to its headline (untraced) wall time.
+fn ns_of(p: &PhaseReport, cats: &[Category]) -> u64 {
+    (share(p, cats) * p.wall_ns.median as f64) as u64
+}
+
+/// Calls of an exact row in `p`, and their summed amount.
+fn row(p: &PhaseReport, function: &str) -> Option<(u64, u64)> {
+    p.exact
+        .rows
+        .iter()
+        .find(|r| r.function == function)
+        .map(|r| (r.calls, r.amount))
+}
+
+/// The other case of this run with the same mode and backing and prefault `prefault`.
+fn sibling<'a>(report: &'a Report, case: &CaseReport, prefault: Prefault) -> Option<&'a CaseReport> {
+    report
+        .cases
+        .iter()
+        .find(|c| c.iommu_mode == case.iommu_mode && c.backing == case.backing && c.prefault == prefault)
+}
+
+fn ms(ns: u64) -> String {
+    format!("{:.1} ms", ns as f64 / 1e6)
+}
+
+fn per_page(case: &CaseReport, ns: u64) -> f64 {
+    ns as f64 / (case.size_bytes / PAGE).max(1) as f64
+}
+
+fn demand_faults_in_map(report: &Report, case: &CaseReport) -> Option<Fired> {
+    let map = phase(case, Phase::Map)?;
+    let cats = [Category::Faulting, Category::Zeroing];
+    if case.prefault != Prefault::None || share(map, &cats) < 0.3 {
+        return None;
+    }
+    let ns = ns_of(map, &cats);
+    let mut evidence = format!("{} of a {} map", ms(ns), ms(map.wall_ns.median));
+    if let Some((calls, _)) = row(map, "handle_mm_fault") {
+        let _ = write!(evidence, "; {calls} handle_mm_fault calls");
+    }
+    if let Some(populated) = sibling(report, case, Prefault::Populate) {
+        let (mmap, pmap) = (phase(populated, Phase::Mmap)?, phase(populated, Phase::Map)?);
+        let _ = write!(
+            evidence,
+            "; populated first ({}), the same pages cost {} in mmap and the map takes {}",
+            populated.name,
+            ms(ns_of(mmap, &cats)),
+            ms(pmap.wall_ns.median)
+        );
+    }
+    Some(Fired {
+        phase: Phase::Map,
+        ns,
+        what: format!(
+            "faulting and zeroing are {:.0}% of the map ({:.0} ns per 4 KiB page)",
+            share(map, &cats) * 100.0,
+            per_page(case, ns)
+        ),
+        why: "the buffer was not populated, so pinning faults in, allocates and zeroes every page inside the \
+              map ioctl"
+            .into(),
+        evidence,
+        fix: if case.backing.hugetlb_kb().is_some() {
+            "populate before mapping (MAP_POPULATE or MADV_POPULATE_WRITE) to take the cost out of the DMA map".into()
+        } else {
+            "populate before mapping (MAP_POPULATE or MADV_POPULATE_WRITE) to take the cost out of the DMA map; \
+             hugetlb backing makes it fewer, larger faults"
+                .into()
+        },
+    })
+}
+
+fn small_iommu_pages(report: &Report, case: &CaseReport) -> Option<Fired> {
+    let map = phase(case, Phase::Map)?;
+    let (calls, bytes) = row(map, "iommu_map_nosync").or_else(|| row(map, "iommu_map"))?;
+    let per_call = bytes / calls.max(1);
+    if calls < 1024 || per_call > 2 * PAGE {
+        return None;
+    }
+    let cats = [Category::IommuMap, Category::IommuFlush];
+    let ns = ns_of(map, &cats);
+    let mut evidence = format!("{calls} iommu_map calls of {per_call} bytes, {} of the map", ms(ns));
+    let others: Vec<String> = report
+        .cases
+        .iter()
+        .filter(|c| c.backing == case.backing && c.prefault == case.prefault && c.iommu_mode != case.iommu_mode)
+        .filter_map(|c| {
+            let (n, _) =
+                row(phase(c, Phase::Map)?, "iommu_map_nosync").or_else(|| row(phase(c, Phase::Map)?, "iommu_map"))?;
+            Some(format!("{} {n}", c.iommu_mode?.name()))
+        })
+        .collect();
+    if !others.is_empty() {
+        let _ = write!(evidence, "; the same buffer in other modes: {}", others.join(", "));
+    }
+    let compat = case.iommu_mode == Some(DmaMode::IommufdCompatType1);
+    Some(Fired {
+        phase: Phase::Map,
+        ns,
+        what: format!("the IOMMU is programmed one {per_call}-byte page at a time"),
+        why: if compat {
+            "iommufd's type1 compatibility (VFIO_TYPE1_IOMMU) disables large IOMMU pages, so every 4 KiB page \
+             is its own iommu_map call"
+                .into()
+        } else {
+            "the pinned pages are not physically contiguous, so each gets its own IOMMU mapping".into()
+        },
+        evidence,
+        fix: if compat {
+            "use VFIO_TYPE1v2_IOMMU (iommufd_compat_type1v2) or native iommufd, which map contiguous runs in one \
+             call"
+                .into()
+        } else {
+            "back the buffer with hugetlb (or THP) pages so that pinned runs are contiguous".into()
+        },
+    })
+}
+
+fn iotlb_sync_per_map(report: &Report, case: &CaseReport) -> Option<Fired> {
+    let map = phase(case, Phase::Map)?;
+    let cats = [Category::IommuFlush];
+    if share(map, &cats) < 0.25 {
+        return None;
+    }
+    let ns = ns_of(map, &cats);
+    let syncs = row(map, "intel_iommu_iotlb_sync_map").or_else(|| row(map, "iommu_sync_map"));
+    let mut evidence = format!("{} of the map", ms(ns));
+    if let Some((n, _)) = syncs {
+        let _ = write!(evidence, "; {n} IOTLB syncs after map calls");
+    }
+    let batched = report.kernel.features.iter().find(|f| f.id == "iommu_map_batched_sync");
+    let fix = match batched.and_then(|f| f.present) {
+        Some(true) => "fewer, larger iommu_map calls (see the page size); this kernel already batches the sync per \
+                       map request"
+            .to_owned(),
+        _ => format!(
+            "a kernel with the batched sync after map ({}), and fewer, larger iommu_map calls",
+            batched.map_or("iommu: generalize the batched sync after map interface", |f| f
+                .since
+                .as_str())
+        ),
+    };
+    Some(Fired {
+        phase: Phase::Map,
+        ns,
+        what: format!("IOTLB flushes are {:.0}% of the map", share(map, &cats) * 100.0),
+        why: "each iommu_map call is followed by an IOTLB sync; where the IOMMU caches non-present entries (a \
+              vIOMMU in caching mode) every sync is an invalidation the hypervisor must process"
+            .into(),
+        evidence,
+        fix,
+    })
+}
+
+fn memfd_pin_allocates(_: &Report, case: &CaseReport) -> Option<Fired> {
+    let map = phase(case, Phase::Map)?;
+    let cats = [Category::Faulting, Category::Zeroing];
+    let (calls, _) = row(map, "memfd_pin_folios")?;
+    let (allocs, _) = row(map, "memfd_alloc_folio").unwrap_or((0, 0));
+    if case.prefault != Prefault::None || share(map, &cats) < 0.3 {
+        return None;
+    }
+    let ns = ns_of(map, &cats);
+    Some(Fired {
+        phase: Phase::Map,
+        ns,
+        what: format!(
+            "allocating and zeroing the memfd's folios is {:.0}% of the map",
+            share(map, &cats) * 100.0
+        ),
+        why: "the map pins the file by offset (memfd_pin_folios), which allocates and zeroes every folio the \
+              file does not have yet"
+            .into(),
+        evidence: format!(
+            "{} in {calls} memfd_pin_folios calls that allocated {allocs} folios",
+            ms(ns)
+        ),
+        fix: "fill the memfd before mapping it (fallocate, or mmap with MAP_POPULATE)".into(),
+    })
+}
+
+fn unmap_iova_walk(_: &Report, case: &CaseReport) -> Option<Fired> {
+    let unmap = phase(case, Phase::Unmap)?;
+    let cats = [Category::IommuLookup];
+    if share(unmap, &cats) < 0.4 || unmap.wall_ns.median < 1_000_000 {
+        return None;
+    }
+    let ns = ns_of(unmap, &cats);
+    Some(Fired {
+        phase: Phase::Unmap,
+        ns,
+        what: format!(
+            "looking up IOVAs is {:.0}% of the unmap ({:.0} ns per 4 KiB page)",
+            share(unmap, &cats) * 100.0,
+            per_page(case, ns)
+        ),
+        why: "the unmap finds the physical pages to unpin by walking the IOMMU page table one 4 KiB IOVA at a \
+              time (iommu_iova_to_phys), whatever the page size"
+            .into(),
+        evidence: format!("{} of a {} unmap", ms(ns), ms(unmap.wall_ns.median)),
+        fix: "no backing avoids it; it takes a kernel change that reads the mapped size back from the page \
+              table (or keeps the pinned pages) instead of walking every 4 KiB"
+            .into(),
+    })
+}
+
+/// Where the report's numbers cannot be fully trusted: unattributed time above 2% of a phase
+/// of 1 ms or more, lost events, exact and sampled apart by more than 10 points where both
+/// have enough data, probe rows that did not attach.
+pub fn checks(report: &Report) -> Vec<String> {
+    let mut out = Vec::new();
+    for case in &report.cases {
+        for p in &case.phases {
+            let e = &p.exact;
+            let wall = e.wall_ns.saturating_sub(e.probe_overhead_ns.unwrap_or(0));
+            if e.available && wall >= 1_000_000 && e.unattributed_ns.unsigned_abs() * 50 > wall {
+                out.push(format!(
+                    "{} {}: {:.1}% of the exact iteration is unattributed",
+                    case.name,
+                    p.name.name(),
+                    e.unattributed_ns as f64 / wall as f64 * 100.0
+                ));
+            }
+            if p.sampled.lost + e.lost_events > 0 {
+                out.push(format!(
+                    "{} {}: {} events lost; its numbers cover only what was kept",
+                    case.name,
+                    p.name.name(),
+                    p.sampled.lost + e.lost_events
+                ));
+            }
+            if let Some((cat, gap)) = disagreement(p) {
+                out.push(format!(
+                    "{} {}: exact and sampled differ by {gap:.0} points on {cat}",
+                    case.name,
+                    p.name.name()
+                ));
+            }
+        }
+    }
+    let missing = report.probes.iter().filter(|p| !p.attached).count();
+    if missing > 0 {
+        out.push(format!(
+            "{missing} probes did not attach: categories they would cover can read low (see `probes`)"
+        ));
+    }
+    out
+}
+
+/// The category exact and sampled disagree on most, where both are there (1000 samples or
+/// more, a phase of 1 ms or more) and they differ by more than 10 points.
+fn disagreement(p: &PhaseReport) -> Option<(Category, f64)> {
+    if !p.exact.available || p.sampled.samples < 1000 || p.wall_ns.median < 1_000_000 {
+        return None;
+    }
+    crate::category::CATEGORIES
+        .iter()
+        .filter(|c| !matches!(c, Category::User | Category::Other))
+        .map(|c| {
+            (
+                *c,
+                (share(p, &[*c]) - p.sampled.categories.get(c).copied().unwrap_or(0.0)).abs() * 100.0,
+            )
+        })
+        .filter(|(_, gap)| *gap > 10.0)
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+}
+
+/// The explanation as text.
+pub fn render(e: &Explanation) -> String {
+    let mut out = String::from("Findings");
+    if e.findings.is_empty() {
+        out += ": nothing stands out (no rule fired on these numbers)\n";
+    } else {
+        out += ", by time at stake:\n";
+    }
+    // A rule that fires on many cases of a matrix is told in full for its largest few.
+    let mut told: std::collections::BTreeMap<&str, Vec<&Finding>> = Default::default();
+    let mut n = 0;
+    for f in &e.findings {
+        let seen = told.entry(f.rule).or_default();
+        seen.push(f);
+        if seen.len() > FULL_PER_RULE {
+            continue;
+        }
+        n += 1;
+        let _ = write!(
+            out,
+            "\n{n}. {} {}: {}\n   why: {}\n   evidence: {}\n   fix: {}\n",
+            f.case,
+            f.phase.name(),
+            f.what,
+            f.why,
+            f.evidence,
+            f.fix
+        );
+    }
+    for (rule, all) in told.iter().filter(|(_, all)| all.len() > FULL_PER_RULE) {
+        let rest: Vec<String> = all[FULL_PER_RULE..]
+            .iter()
+            .map(|f| format!("{} ({})", f.case, ms(f.ns)))
+            .collect();
+        let _ = write!(out, "\n{rule} also fires on: {}\n", rest.join(", "));
+    }
+    if !e.checks.is_empty() {
+        out += "\nChecks (numbers to read with care):\n";
+        for c in &e.checks {
+            let _ = writeln!(out, "  - {c}");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A real run of the custom 7.3 kernel's matrix in the guest (64 MiB), trimmed to the cases
+    /// the rules are about, with exact rows kept for the map and unmap phases only.
+    const MATRIX: &str = include_str!("../tests/data/matrix-7.3.json");
+
+    fn matrix() -> Report {
+        crate::report::parse(MATRIX).expect("the saved report parses")
+    }
+
+    fn fired(e: &Explanation, rule: &str, case: &str) -> bool {
+        e.findings.iter().any(|f| f.rule == rule && f.case == case)
+    }
+
+    #[test]
+    fn every_rule_fires_on_a_real_run() {
+        let e = explain(&matrix());
+        assert!(fired(&e, "demand_faults_in_map", "vfio_type1_iommu_anonymous.none"));
+        assert!(!fired(
+            &e,
+            "demand_faults_in_map",
+            "vfio_type1_iommu_anonymous.populate"
+        ));
+        assert!(fired(
+            &e,
+            "small_iommu_pages",
+            "iommufd_compat_type1_anonymous_hugetlb_2mb.none"
+        ));
+        assert!(!fired(&e, "small_iommu_pages", "iommufd_anonymous_hugetlb_2mb.none"));
+        assert!(fired(
+            &e,
+            "iotlb_sync_per_map",
+            "iommufd_compat_type1_anonymous_hugetlb_2mb.none"
+        ));
+        assert!(fired(&e, "memfd_pin_allocates", "iommufd_memfd.none"));
+        assert!(fired(&e, "unmap_iova_walk", "iommufd_anonymous_hugetlb_2mb.none"));
+        for rule in RULES {
+            assert!(e.findings.iter().any(|f| f.rule == rule.id), "{} never fires", rule.id);
+        }
+        assert!(
+            e.findings.windows(2).all(|w| w[0].ns >= w[1].ns),
+            "ranked by time at stake"
+        );
+    }
+
+    #[test]
+    fn evidence_comes_from_the_run() {
+        let e = explain(&matrix());
+        let small = e
+            .findings
+            .iter()
+            .find(|f| f.rule == "small_iommu_pages" && f.case == "iommufd_compat_type1_anonymous_hugetlb_2mb.none")
+            .unwrap();
+        assert!(
+            small.evidence.contains("16384 iommu_map calls of 4096 bytes"),
+            "{}",
+            small.evidence
+        );
+        assert!(
+            small.evidence.contains("iommufd "),
+            "the native mode's count: {}",
+            small.evidence
+        );
+        let demand = e
+            .findings
+            .iter()
+            .find(|f| f.rule == "demand_faults_in_map" && f.case == "vfio_type1_iommu_anonymous.none")
+            .unwrap();
+        assert!(
+            demand
+                .evidence
+                .contains("populated first (vfio_type1_iommu_anonymous.populate)")
+        );
+    }
+
+    #[test]
+    fn a_rule_without_its_numbers_stays_silent() {
+        let mut r = matrix();
+        for c in &mut r.cases {
+            for p in &mut c.phases {
+                p.exact.rows.clear();
+            }
+        }
+        let e = explain(&r);
+        assert!(
+            !e.findings
+                .iter()
+                .any(|f| f.rule == "small_iommu_pages" || f.rule == "memfd_pin_allocates")
+        );
+        r.cases.clear();
+        let text = render(&explain(&r));
+        assert!(text.contains("nothing stands out"), "{text}");
+    }
+}
