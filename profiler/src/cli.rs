@@ -10,7 +10,41 @@ use crate::{
     probes::{Mechanism, Pass},
     size::ByteSize,
     sys,
+    workload::Phase,
 };
+
+/// Which text a run or a saved report is printed as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// The tables (and the findings).
+    Table,
+    /// report.json.
+    Json,
+    /// KTAP version 1, a test per case.
+    Ktap,
+    /// A row per case and phase.
+    Csv,
+}
+
+impl Format {
+    /// The format the flags ask for (clap keeps them exclusive).
+    pub fn of(json: bool, ktap: bool, csv: bool) -> Self {
+        match (json, ktap, csv) {
+            (true, _, _) => Format::Json,
+            (_, true, _) => Format::Ktap,
+            (_, _, true) => Format::Csv,
+            _ => Format::Table,
+        }
+    }
+}
+
+/// A percentage above zero (`--fail-above`).
+fn percent(s: &str) -> Result<f64, String> {
+    match s.trim_end_matches('%').parse::<f64>() {
+        Ok(p) if p > 0.0 && p.is_finite() => Ok(p),
+        _ => Err(format!("`{s}` is not a percentage above 0 (e.g. 10)")),
+    }
+}
 
 /// dmaprof's arguments.
 #[derive(Parser)]
@@ -48,8 +82,14 @@ pub enum Command {
         /// The report.json of a run.
         report: PathBuf,
         /// Print JSON instead of the tables.
-        #[arg(long)]
+        #[arg(long, conflicts_with_all = ["ktap", "csv"])]
         json: bool,
+        /// Print KTAP (version 1, a test per case) instead of the tables.
+        #[arg(long, conflicts_with = "csv")]
+        ktap: bool,
+        /// Print CSV (a row per case and phase, every category) instead of the tables.
+        #[arg(long)]
+        csv: bool,
     },
     /// Say what a run's numbers mean: ranked findings (what costs the time, why, the evidence,
     /// what would remove it) and the numbers to read with care.
@@ -72,6 +112,13 @@ pub enum Command {
         /// Print the comparison as JSON.
         #[arg(long)]
         json: bool,
+        /// Exit 1 when a phase got significantly slower by more than this many percent (a
+        /// regression gate for CI).
+        #[arg(long, value_name = "PCT", value_parser = percent)]
+        fail_above: Option<f64>,
+        /// With --fail-above: judge only this phase.
+        #[arg(long, requires = "fail_above")]
+        phase: Option<Phase>,
     },
 }
 
@@ -107,8 +154,14 @@ pub struct RunArgs {
     #[arg(short = 'o', long = "out")]
     pub out: Option<PathBuf>,
     /// Print report.json on stdout instead of the tables.
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["ktap", "csv"])]
     pub json: bool,
+    /// Print KTAP (version 1, a test per case, as the kernel selftests do) instead of the tables.
+    #[arg(long, conflicts_with = "csv")]
+    pub ktap: bool,
+    /// Print CSV (a row per case and phase, every category) instead of the tables.
+    #[arg(long)]
+    pub csv: bool,
     /// PCI device (BDF) to DMA-map for; default $VFIO_SELFTESTS_BDF, as in the kernel selftests.
     #[arg(short = 'd', long, env = "VFIO_SELFTESTS_BDF")]
     pub device: Option<String>,
@@ -183,6 +236,27 @@ fn dedup(passes: &[Pass]) -> Vec<Pass> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn output_formats_and_the_gate_parse() {
+        let run = |args: &[&str]| Cli::try_parse_from([&["dmaprof", "run"], args].concat());
+        assert!(run(&["--ktap"]).is_ok());
+        assert!(run(&["--ktap", "--csv"]).is_err());
+        assert!(run(&["--json", "--ktap"]).is_err());
+        assert_eq!(Format::of(false, true, false), Format::Ktap);
+        assert_eq!(Format::of(false, false, false), Format::Table);
+        let diff = |args: &[&str]| Cli::try_parse_from([&["dmaprof", "diff", "a", "b"], args].concat());
+        let Ok(Cli {
+            command: Command::Diff { fail_above, phase, .. },
+        }) = diff(&["--fail-above", "10%", "--phase", "map"])
+        else {
+            panic!("diff --fail-above 10% --phase map parses");
+        };
+        assert_eq!((fail_above, phase), (Some(10.0), Some(Phase::Map)));
+        assert!(diff(&["--fail-above", "0"]).is_err());
+        assert!(diff(&["--phase", "map"]).is_err(), "--phase needs --fail-above");
+        assert!(diff(&["--fail-above", "5", "--phase", "mapp"]).is_err());
+    }
 
     #[test]
     fn run_arguments_parse_into_types() {

@@ -48,7 +48,7 @@ pub struct PhaseDiff {
 }
 
 /// Two runs compared case by case and phase by phase.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct RunDiff {
     /// Kernel release before / after.
     pub kernels: (String, String),
@@ -127,6 +127,15 @@ fn phase_diff(case: &str, pa: &PhaseReport, pb: &PhaseReport) -> PhaseDiff {
         exact,
         sampled_pp,
     }
+}
+
+/// The phases (of `only`, or all) that got significantly slower by more than `pct` percent.
+pub fn regressions(d: &RunDiff, pct: f64, only: Option<Phase>) -> Vec<&PhaseDiff> {
+    d.phases
+        .iter()
+        .filter(|p| only.is_none_or(|o| p.phase == o))
+        .filter(|p| p.significant && p.ratio.is_some_and(|r| r > 1.0 + pct / 100.0))
+        .collect()
 }
 
 /// Compares two reports.
@@ -303,6 +312,40 @@ pub fn write_flamegraphs(
 mod tests {
     use super::*;
     use crate::report::Stats;
+
+    fn phase(p: Phase, significant: bool, ratio: f64) -> PhaseDiff {
+        PhaseDiff {
+            case: "c".into(),
+            phase: p,
+            before_ns: 1_000_000,
+            after_ns: (1e6 * ratio) as u64,
+            delta_ns: 0,
+            delta_pct: (ratio - 1.0) * 100.0,
+            ratio: Some(ratio),
+            significant,
+            noise: None,
+            exact: BTreeMap::new(),
+            sampled_pp: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn the_gate_takes_significant_slowdowns_above_the_threshold() {
+        let d = RunDiff {
+            phases: vec![
+                phase(Phase::Map, true, 1.25),
+                phase(Phase::Unmap, true, 1.05),
+                phase(Phase::Mmap, false, 3.0),
+                phase(Phase::Munmap, true, 0.5),
+            ],
+            ..RunDiff::default()
+        };
+        let names = |v: Vec<&PhaseDiff>| v.iter().map(|p| p.phase).collect::<Vec<_>>();
+        assert_eq!(names(regressions(&d, 10.0, None)), vec![Phase::Map]);
+        assert_eq!(names(regressions(&d, 3.0, None)), vec![Phase::Map, Phase::Unmap]);
+        assert_eq!(names(regressions(&d, 3.0, Some(Phase::Unmap))), vec![Phase::Unmap]);
+        assert!(regressions(&d, 30.0, None).is_empty());
+    }
 
     #[test]
     fn only_changes_outside_both_spreads_count() {

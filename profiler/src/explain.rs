@@ -127,13 +127,7 @@ fn phase(case: &CaseReport, phase: Phase) -> Option<&PhaseReport> {
 /// The share of `p` that `cats` take: exact (less probe cost) where measured, else sampled.
 fn share(p: &PhaseReport, cats: &[Category]) -> f64 {
     if p.exact.available && p.exact.wall_ns > 0 {
-        let wall = p
-            .exact
-            .wall_ns
-            .saturating_sub(p.exact.probe_overhead_ns.unwrap_or(0))
-            .max(1);
-        let ns: u64 = cats.iter().filter_map(|c| p.exact.categories.get(c)).sum();
-        return ns as f64 / wall as f64;
+        return cats.iter().map(|c| p.exact.share(*c)).sum();
     }
     cats.iter().filter_map(|c| p.sampled.categories.get(c)).sum()
 }
@@ -353,7 +347,7 @@ pub fn checks(report: &Report) -> Vec<String> {
     for case in &report.cases {
         for p in &case.phases {
             let e = &p.exact;
-            let wall = e.wall_ns.saturating_sub(e.probe_overhead_ns.unwrap_or(0));
+            let wall = e.wall_less_cost();
             if e.available && wall >= 1_000_000 && e.unattributed_ns.unsigned_abs() * 50 > wall {
                 out.push(format!(
                     "{} {}: {:.1}% of the exact iteration is unattributed",

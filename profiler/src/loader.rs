@@ -549,17 +549,21 @@ pub fn kprobes_available() -> bool {
     std::path::Path::new("/sys/bus/event_source/devices/kprobe/type").exists()
 }
 
-/// Fills ROW_BY_IP so the row programs know which row an entry address belongs to.
-fn register_rows(ebpf: &mut Ebpf, symbols: &KernelSymbols, plans: &[RowPlan]) -> Result<(), AttachError> {
-    let mut by_ip: HashMap<_, u64, RowConfig> = ebpf
-        .map_mut(abi::maps::ROW_BY_IP)
+/// The map from a probed function's entry address to its row.
+fn row_by_ip(ebpf: &mut Ebpf) -> Result<HashMap<&mut aya::maps::MapData, u64, RowConfig>, AttachError> {
+    ebpf.map_mut(abi::maps::ROW_BY_IP)
         .ok_or_else(|| AttachError::Missing(format!("map {}", abi::maps::ROW_BY_IP)))
         .and_then(|m| {
             HashMap::try_from(m).map_err(|source| AttachError::Map {
                 what: "ROW_BY_IP",
                 source,
             })
-        })?;
+        })
+}
+
+/// Fills ROW_BY_IP so the row programs know which row an entry address belongs to.
+fn register_rows(ebpf: &mut Ebpf, symbols: &KernelSymbols, plans: &[RowPlan]) -> Result<(), AttachError> {
+    let mut by_ip = row_by_ip(ebpf)?;
     for plan in plans {
         let row = &PROBE_TABLE[plan.row];
         let cfg = RowConfig {
@@ -864,16 +868,7 @@ impl Probes {
         by: AttachedBy,
     ) -> Result<(), AttachError> {
         self.detach_calibration()?;
-        let mut by_ip: HashMap<_, u64, RowConfig> = self
-            .ebpf
-            .map_mut(abi::maps::ROW_BY_IP)
-            .ok_or_else(|| AttachError::Missing(format!("map {}", abi::maps::ROW_BY_IP)))
-            .and_then(|m| {
-                HashMap::try_from(m).map_err(|source| AttachError::Map {
-                    what: "ROW_BY_IP",
-                    source,
-                })
-            })?;
+        let mut by_ip = row_by_ip(&mut self.ebpf)?;
         let cfg = RowConfig {
             row: CALIBRATION_ROW,
             amount_arg: -1,

@@ -6,11 +6,12 @@ use anyhow::Context as _;
 use clap::Parser as _;
 use profiler::{
     bpflog,
-    cli::{Cli, Command, RunArgs},
-    diff, doctor, explain, leftovers, matrix, report,
+    cli::{Cli, Command, Format, RunArgs},
+    diff, doctor, explain, export, leftovers, matrix, report,
     session::{RunError, Session},
     stop::{self, Control, StopSignals},
     sys, table,
+    workload::Phase,
 };
 
 /// When main() began: the start of dmaprof's start-up time.
@@ -27,6 +28,19 @@ fn out(text: &str) {
 
 fn json(v: &impl serde::Serialize) -> String {
     serde_json::to_string_pretty(v).expect("dmaprof's types serialise") + "\n"
+}
+
+/// `report` in the format asked for; the table ends with where the report is (`path`).
+fn render(report: &report::Report, format: Format, path: Option<&Path>) -> String {
+    match format {
+        Format::Table => {
+            let at = path.map_or(String::new(), |p| format!("\nreport: {}\n", p.display()));
+            table::render_table(report) + &at
+        }
+        Format::Json => json(report),
+        Format::Ktap => export::ktap(report),
+        Format::Csv => export::csv(report),
+    }
 }
 
 fn main() -> ExitCode {
@@ -75,8 +89,10 @@ fn main() -> ExitCode {
         Command::Report {
             report: path,
             json: as_json,
+            ktap,
+            csv,
         } => report::read(&path).map_err(Into::into).map(|r| {
-            out(&if as_json { json(&r) } else { table::render_table(&r) });
+            out(&render(&r, Format::of(as_json, ktap, csv), None));
             ExitCode::SUCCESS
         }),
         Command::Explain {
@@ -92,7 +108,9 @@ fn main() -> ExitCode {
             after,
             out: dir,
             json: as_json,
-        } => diff_command(&before, &after, dir, as_json),
+            fail_above,
+            phase,
+        } => diff_command(&before, &after, dir, as_json).map(|d| gate(&d, fail_above, phase)),
         Command::Run(args) => run_command(&args),
     };
     result.unwrap_or_else(|e| {
@@ -111,7 +129,7 @@ fn diff_command(
     after: &Path,
     dir: Option<std::path::PathBuf>,
     as_json: bool,
-) -> anyhow::Result<ExitCode> {
+) -> anyhow::Result<diff::RunDiff> {
     let (a, b) = (report::read(before)?, report::read(after)?);
     let d = diff::diff(&a, &b);
     let dir = dir.unwrap_or_else(|| Path::new("dmaprof-out").join(format!("diff-{}", sys::timestamp())));
@@ -119,7 +137,30 @@ fn diff_command(
         .with_context(|| format!("writing differential flamegraphs into {}", dir.display()))?;
     let text = diff::render_diff(&d) + &format!("\n{written} differential flamegraphs in {}\n", dir.display());
     out(&if as_json { json(&d) } else { text });
-    Ok(ExitCode::SUCCESS)
+    Ok(d)
+}
+
+/// The regression gate of `diff --fail-above PCT [--phase P]`: exit 1, naming each phase that
+/// got significantly slower by more than PCT; 0 otherwise.
+fn gate(d: &diff::RunDiff, fail_above: Option<f64>, phase: Option<Phase>) -> ExitCode {
+    let Some(pct) = fail_above else {
+        return ExitCode::SUCCESS;
+    };
+    let slower = diff::regressions(d, pct, phase);
+    for p in &slower {
+        eprintln!(
+            "dmaprof: regression: {} {} x{:.2} ({:+.1}%), above {pct}%",
+            p.case,
+            p.phase.name(),
+            p.ratio.unwrap_or(0.0),
+            p.delta_pct
+        );
+    }
+    if slower.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }
 
 fn run_command(args: &RunArgs) -> anyhow::Result<ExitCode> {
@@ -148,8 +189,8 @@ fn run_command(args: &RunArgs) -> anyhow::Result<ExitCode> {
     let report = worker
         .join()
         .map_err(|_| anyhow::anyhow!("the workload thread panicked"))??;
-    let text = table::render_table(&report) + &format!("\nreport: {}\n", out_dir.join("report.json").display());
-    out(&if args.json { json(&report) } else { text });
+    let format = Format::of(args.json, args.ktap, args.csv);
+    out(&render(&report, format, Some(&out_dir.join("report.json"))));
     let all_skipped = report.cases.is_empty() && report.failed.is_empty() && !report.skipped.is_empty();
     Ok(match control.signal() {
         // kselftest's KSFT_SKIP: nothing ran, and that is not a pass.

@@ -7,14 +7,22 @@ use std::{
 
 use crate::{attribution::CaseOutput, report::Report};
 
-/// A file or directory that could not be written.
+/// A file or directory that could not be written (the cause follows as the error's source).
 #[derive(Debug, thiserror::Error)]
-#[error("cannot write {path}: {source}: choose a writable --out directory")]
+#[error("cannot write {path} ({})", hint(source))]
 pub struct OutputError {
     /// What.
     pub path: String,
     /// Why.
     pub source: std::io::Error,
+}
+
+/// What to do about a failed write.
+fn hint(e: &std::io::Error) -> &'static str {
+    match e.raw_os_error() {
+        Some(libc::ENOSPC | libc::EDQUOT) => "its file system is full: free space or choose another --out",
+        _ => "choose a writable --out directory",
+    }
 }
 
 fn at(path: &Path) -> impl FnOnce(std::io::Error) -> OutputError + '_ {

@@ -354,6 +354,23 @@ pub struct Exact {
     pub lost_events: u64,
 }
 
+impl Exact {
+    /// The iteration's wall time less what its probes cost: what the shares are of.
+    pub fn wall_less_cost(&self) -> u64 {
+        self.wall_ns.saturating_sub(self.probe_overhead_ns.unwrap_or(0))
+    }
+
+    /// The share of `cat` in [`Exact::wall_less_cost`]; `user` is the unattributed rest (which
+    /// can be below zero by the clock's noise).
+    pub fn share(&self, cat: Category) -> f64 {
+        let ns = match cat {
+            Category::User => self.unattributed_ns as f64,
+            c => self.categories.get(&c).copied().unwrap_or(0) as f64,
+        };
+        ns / self.wall_less_cost().max(1) as f64
+    }
+}
+
 /// One probed function in one phase.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ExactRow {

@@ -261,17 +261,8 @@ fn exact_row(p: &PhaseReport, columns: &[Category]) -> String {
         )
     });
     let _ = write!(out, "  {:<13}{:>10}{cost:>78}", "  exact", ms(p.exact.wall_ns));
-    let wall = p
-        .exact
-        .wall_ns
-        .saturating_sub(p.exact.probe_overhead_ns.unwrap_or(0))
-        .max(1) as f64;
     for c in columns {
-        let v = match c {
-            Category::User => p.exact.unattributed_ns as f64,
-            c => p.exact.categories.get(c).copied().unwrap_or(0) as f64,
-        };
-        let _ = write!(out, " {:>9}", format!("{:.0}%", v / wall * 100.0));
+        let _ = write!(out, " {:>9}", format!("{:.0}%", p.exact.share(*c) * 100.0));
     }
     out.push('\n');
     out

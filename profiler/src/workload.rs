@@ -28,9 +28,11 @@ use crate::{
     strum::EnumIter,
     strum::IntoStaticStr,
     strum::Display,
+    clap::ValueEnum,
 )]
 #[serde(rename_all = "snake_case")]
 #[strum(serialize_all = "snake_case")]
+#[clap(rename_all = "snake_case")]
 pub enum Phase {
     /// memfd_create + ftruncate (memfd backings).
     MemfdCreate,

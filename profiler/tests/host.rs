@@ -242,12 +242,17 @@ fn touch_faults_are_counted_and_none_has_none() {
     fs::remove_dir_all(dir).unwrap();
 }
 
-fn nr_hugepages(kb: u64) -> Option<u64> {
-    fs::read_to_string(format!("/sys/kernel/mm/hugepages/hugepages-{kb}kB/nr_hugepages"))
+/// A counter of the `kb` hugepage pool (`nr_hugepages`, `free_hugepages`).
+fn pool(kb: u64, file: &str) -> Option<u64> {
+    fs::read_to_string(format!("/sys/kernel/mm/hugepages/hugepages-{kb}kB/{file}"))
         .ok()?
         .trim()
         .parse()
         .ok()
+}
+
+fn nr_hugepages(kb: u64) -> Option<u64> {
+    pool(kb, "nr_hugepages")
 }
 
 #[test]
@@ -994,4 +999,114 @@ fn leftovers_are_seen_while_running_and_gone_after() {
     let (code, after) = leftovers();
     assert_eq!(code, Some(0), "left behind: {after}");
     fs::remove_dir_all(dir).unwrap();
+}
+
+/// A tmpfs mounted for one test, unmounted when dropped (also when the test fails).
+struct Mounted(PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// A full file system under --out: exit 1 with one line that names the file, says the file
+/// system is full and what to do; no probes or processes are left behind.
+#[test]
+fn a_full_disk_fails_clearly_and_leaves_nothing() {
+    let _serial = serial();
+    if !can_run("a_full_disk_fails_clearly_and_leaves_nothing") {
+        return;
+    }
+    let mnt = tmpdir("full-disk");
+    fs::create_dir_all(&mnt).unwrap();
+    let status = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=48k", "tmpfs"])
+        .arg(&mnt)
+        .status()
+        .expect("mount runs");
+    assert!(status.success(), "mounting a 48 KiB tmpfs at {}", mnt.display());
+    let _mounted = Mounted(mnt.clone());
+    let out = dmaprof()
+        .args(["run", "-b", "16M", "-v", "none_anonymous.*", "-n", "1", "-o"])
+        .arg(mnt.join("out"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("file system is full")
+            && last.contains("No space left on device")
+            && last.contains(&mnt.display().to_string()),
+        "{last}"
+    );
+    let left = dmaprof().args(["doctor", "--leftovers"]).output().unwrap();
+    assert!(left.status.success(), "{}", String::from_utf8_lossy(&left.stdout));
+}
+
+fn free_hugepages(kb: u64) -> Option<u64> {
+    pool(kb, "free_hugepages")
+}
+
+fn set_nr_hugepages(kb: u64, n: u64) {
+    fs::write(
+        format!("/sys/kernel/mm/hugepages/hugepages-{kb}kB/nr_hugepages"),
+        n.to_string(),
+    )
+    .expect("writing nr_hugepages");
+}
+
+/// Another process holds every free hugepage of the pool: dmaprof raises the pool by what its
+/// case needs, runs, and puts the pool back to exactly what it was, the holder's pages still
+/// in use.
+#[test]
+fn hugepages_taken_by_another_holder_stay_theirs() {
+    let _serial = serial();
+    if !can_run("hugepages_taken_by_another_holder_stay_theirs") {
+        return;
+    }
+    let Some(before) = nr_hugepages(2048) else {
+        eprintln!("SKIPPED hugepages_taken_by_another_holder_stay_theirs: kernel has no 2 MiB hugetlb pool");
+        return;
+    };
+    // The holder: this test, with two pages of its own, populated.
+    let held = 2;
+    set_nr_hugepages(2048, before + held);
+    let len = (held * (2 << 20)) as usize;
+    // SAFETY: an anonymous private mapping with no address hint; checked for MAP_FAILED.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB | libc::MAP_POPULATE,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(ptr, libc::MAP_FAILED, "the holder maps its hugepages");
+    let free = free_hugepages(2048).unwrap();
+    let out = dmaprof()
+        .args([
+            "run",
+            "-b",
+            "16M",
+            "-v",
+            "none_anonymous_hugetlb_2mb.populate",
+            "-n",
+            "1",
+            "--no-trace",
+            "-o",
+        ])
+        .arg(tmpdir("taken"))
+        .output()
+        .unwrap();
+    let (after, free_after) = (nr_hugepages(2048), free_hugepages(2048));
+    // SAFETY: the mapping made above, of this length.
+    unsafe { libc::munmap(ptr, len) };
+    set_nr_hugepages(2048, before);
+    ok(&out);
+    assert_eq!(after, Some(before + held), "the pool is back to what it was");
+    assert_eq!(free_after, Some(free), "the holder's pages are still in use");
 }

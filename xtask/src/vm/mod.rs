@@ -12,6 +12,7 @@ mod apt;
 pub mod bench;
 mod initramfs;
 mod kernel;
+mod kunit;
 mod qemu;
 mod tests;
 pub mod transfer;

@@ -235,6 +235,21 @@ fn shell(cmd: &str) -> Payload {
     Payload::Shell(format!("{PRELUDE}{cmd}"))
 }
 
+/// Err with the first guest step that exited non-zero (a `*_exit` finding) and the guest's
+/// stderr (`err.txt`).
+fn no_failed_step(found: &[Value], dir: &Path) -> Result<(), String> {
+    match found
+        .iter()
+        .find(|f| f.as_object().is_some_and(|o| o.keys().any(|k| k.ends_with("_exit"))))
+    {
+        Some(f) => Err(format!(
+            "a guest step failed: {f}; stderr: {}",
+            fs::read_to_string(dir.join("err.txt")).unwrap_or_default()
+        )),
+        None => Ok(()),
+    }
+}
+
 /// The findings the guest wrote with `v` (one object per call, in order).
 fn findings(dir: &Path) -> Result<Vec<Value>, String> {
     let text =
@@ -549,15 +564,50 @@ fn dma_matrix_custom(c: &Ctx) -> Outcome {
             ));
         }
     }
-    let explained = explain_check(c, &scratch("matrix-custom").join("report.json")).unwrap_or_else(|e| {
-        problems.push(e);
-        String::new()
-    });
+    let report = scratch("matrix-custom").join("report.json");
+    let mut notes = String::new();
+    for check in [explain_check, ktap_check] {
+        match check(c, &report) {
+            Ok(note) => notes += &note,
+            Err(e) => problems.push(e),
+        }
+    }
     if problems.is_empty() {
-        Ok(format!(", {ran} cases{explained}"))
+        Ok(format!(", {ran} cases{notes}"))
     } else {
         Err(problems.join("; "))
     }
+}
+
+/// `dmaprof report --ktap` on a guest run's report (the text `run --ktap` prints) parses with
+/// the kernel's own KTAP parser: every case a passed test, none failed. Without python3 or the
+/// linux-source package the check is skipped, loudly.
+fn ktap_check(c: &Ctx, report: &Path) -> Result<String, String> {
+    let out = std::process::Command::new(c.dmaprof)
+        .args(["report", "--ktap"])
+        .arg(report)
+        .output()
+        .map_err(|e| format!("dmaprof report --ktap: {e}"))?;
+    let file = report.with_file_name("report.ktap");
+    fs::write(&file, &out.stdout).map_err(|e| format!("writing {}: {e}", file.display()))?;
+    let parser = match cache_dir()
+        .map_err(|e| e.to_string())
+        .and_then(|d| super::kunit::parser_dir(&d))
+    {
+        Ok(p) => p,
+        Err(why) => {
+            eprintln!("xtask: SKIP: the KTAP check: {why}");
+            return Ok(format!(", KTAP check SKIPPED ({why})"));
+        }
+    };
+    let parsed = super::kunit::parse(&parser, &file)?;
+    let r: Value = serde_json::from_str(&fs::read_to_string(report).map_err(|e| e.to_string())?)
+        .map_err(|e| format!("report.json: {e}"))?;
+    let cases = r["cases"].as_array().map_or(0, Vec::len) as u32;
+    if parsed.status != "SUCCESS" || parsed.counts[0] != cases || parsed.counts[1] != 0 || parsed.tests != cases {
+        return Err(format!("kunit_parser read {parsed:?} for {cases} cases"));
+    }
+    Ok(format!(", KTAP: kunit_parser read {cases} passed tests"))
 }
 
 /// Findings `dmaprof explain` must make on the custom kernel's matrix (rule, case), and ones
@@ -890,15 +940,7 @@ fn iommu_tracepoints(c: &Ctx) -> Outcome {
     let mut p = plan(c, true, shell(&tracepoint_script()));
     p.echo = std::env::var_os("DMAPROF_VM_ECHO").is_some();
     boot_ok(p, &dir)?;
-    if let Some(f) = findings(&dir)?
-        .iter()
-        .find(|f| f.as_object().is_some_and(|o| o.keys().any(|k| k.ends_with("_exit"))))
-    {
-        return Err(format!(
-            "a guest step failed: {f}; stderr: {}",
-            fs::read_to_string(dir.join("err.txt")).unwrap_or_default()
-        ));
-    }
+    no_failed_step(&findings(&dir)?, &dir)?;
     let mut problems = Vec::new();
     let mut notes = Vec::new();
     for (name, same_calls) in TRACEPOINT_CASES {
@@ -1003,6 +1045,30 @@ fn probe_cost_check(r: &Value) -> Result<String, String> {
     ))
 }
 
+/// The regression gate: three reruns of one case never fail `diff --fail-above 10` (exit 0),
+/// and 4x the size fails it on the map phase (exit 1).
+fn gate_checks(found: &[Value], dir: &Path, problems: &mut Vec<String>) -> String {
+    let status = |key: &str| found.iter().find_map(|f| f[key].as_str().map(str::to_owned));
+    let mut wrong = Vec::new();
+    for (key, want) in [
+        ("gate_a_b", "0"),
+        ("gate_a_a3", "0"),
+        ("gate_b_a3", "0"),
+        ("gate_size", "1"),
+    ] {
+        if status(key).as_deref() != Some(want) {
+            wrong.push(format!("{key} exited {:?} (want {want})", status(key)));
+        }
+    }
+    if wrong.is_empty() {
+        "gate: 3 reruns pass at 10%, 4x the size fails".into()
+    } else {
+        let why = fs::read_to_string(dir.join("gate.txt")).unwrap_or_default();
+        problems.push(format!("regression gate: {}; its stderr: {why}", wrong.join(", ")));
+        "gate wrong".into()
+    }
+}
+
 /// Rounds of the C reference against dmaprof's untraced pass, in one boot.
 const REF_ROUNDS: u32 = 3;
 
@@ -1031,6 +1097,15 @@ $D diff --json /tmp/a/report.json /tmp/a/report.json -o /tmp/d0 > /out/self.json
 $D diff --json /tmp/a/report.json /tmp/b/report.json -o /tmp/d1 > /out/rerun.json 2>> /out/err.txt || v rerun_exit $?
 $D diff --json /tmp/a/report.json /tmp/c/report.json -o /tmp/d2 > /out/size.json 2>> /out/err.txt || v size_exit $?
 step diffs
+$D run --json -b 64M {case} -n 5 -o /tmp/a3 > /out/a3.json 2>> /out/err.txt || v a3_exit $?
+for pair in \"a b\" \"a a3\" \"b a3\"; do
+  set -- $pair
+  $D diff --fail-above 10 /tmp/$1/report.json /tmp/$2/report.json -o /tmp/g$1$2 > /dev/null 2>> /out/gate.txt
+  v gate_$1_$2 $?
+done
+$D diff --fail-above 10 --phase map /tmp/a/report.json /tmp/c/report.json -o /tmp/gsize > /dev/null 2>> /out/gate.txt
+v gate_size $?
+step gate
 for t in system never; do
   $D run --json --thp $t -b 16M {case} -n 1 -o /tmp/t$t > /out/thp-$t.json 2>> /out/err.txt || v thp_exit $?
 done
@@ -1177,26 +1252,22 @@ fn measurement(c: &Ctx) -> Outcome {
     p.echo = std::env::var_os("DMAPROF_VM_ECHO").is_some();
     boot_ok(p, &dir)?;
     let found = findings(&dir)?;
-    if let Some(f) = found
-        .iter()
-        .find(|f| f.as_object().is_some_and(|o| o.keys().any(|k| k.ends_with("_exit"))))
-    {
-        return Err(format!(
-            "a guest step failed: {f}; stderr: {}",
-            fs::read_to_string(dir.join("err.txt")).unwrap_or_default()
-        ));
-    }
+    no_failed_step(&found, &dir)?;
     let mut problems = Vec::new();
     let reference = reference_check(&dir).unwrap_or_else(|e| {
         problems.push(e.clone());
         e
     });
     let diffs = diff_checks(&dir, &mut problems)?;
+    let gate = gate_checks(&found, &dir, &mut problems);
     let thp = thp_checks(&dir, &mut problems)?;
     if problems.is_empty() {
-        Ok(format!(", {reference}; {diffs}; {thp}"))
+        Ok(format!(", {reference}; {diffs}; {gate}; {thp}"))
     } else {
-        Err(format!("{}; ({reference}; {diffs}; {thp})", problems.join("; ")))
+        Err(format!(
+            "{}; ({reference}; {diffs}; {gate}; {thp})",
+            problems.join("; ")
+        ))
     }
 }
 
