@@ -378,7 +378,12 @@ fn phase_report(phase: Phase, input: &CaseInput, cats: &CategoryCounts) -> Optio
         .map(|s| counters_at(input.drained, s))
         .collect();
     let med = |f: fn(&PhaseCounters) -> u64| Stats::of(counters.iter().map(f).collect()).median;
-    let moves_memory = !matches!(phase, Phase::Close | Phase::MemfdCreate);
+    // A non-populating mmap only reserves addresses: a GiB/s of it would be meaningless.
+    let moves_memory = match phase {
+        Phase::Close | Phase::MemfdCreate => false,
+        Phase::Mmap => input.workload.case.prefault == crate::matrix::Prefault::Populate,
+        _ => true,
+    };
     let gib_per_s = if wall.median > 0 && moves_memory {
         input.workload.size.bytes() as f64 / (1u64 << 30) as f64 / (wall.median as f64 / 1e9)
     } else {
@@ -656,6 +661,9 @@ mod tests {
         let out = case_report(&input);
         let p = out.report.phases.iter().find(|p| p.name == Phase::Map).unwrap();
         let e = &p.exact;
+        let mmap = out.report.phases.iter().find(|p| p.name == Phase::Mmap).unwrap();
+        assert_eq!(mmap.gib_per_s, 0.0, "a mmap that populates nothing moves no memory");
+        assert!(p.gib_per_s > 0.0);
         assert_eq!(e.categories[&Category::Pinning], 500);
         assert_eq!(e.categories[&Category::IommuMap], 300);
         assert_eq!(e.categories[&Category::Other], 999_100);
