@@ -613,12 +613,29 @@ fn a_run_whose_every_case_is_skipped_exits_4_and_says_so() {
     }
     let dir = tmpdir("allskipped");
     let out = dmaprof()
-        .args(["run", "-b", "4M", "-v", "vfio_type1_iommu_anonymous", "-o"])
+        .args(["run", "--ktap", "-b", "4M", "-v", "vfio_type1_iommu_anonymous", "-o"])
         .arg(&dir)
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(4), "kselftest's skip code: {err}");
+    // KTAP on stdout, as kselftest prints it: the plan, every case skipped with its reason.
+    let ktap = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = ktap.lines().collect();
+    assert_eq!(lines.first(), Some(&"KTAP version 1"), "{ktap}");
+    assert_eq!(lines.get(1), Some(&"1..3"), "{ktap}");
+    assert_eq!(
+        lines
+            .iter()
+            .filter(|l| l.starts_with("ok ") && l.contains("# SKIP kernel has no VFIO type1"))
+            .count(),
+        3,
+        "{ktap}"
+    );
+    assert!(
+        ktap.ends_with("# Totals: pass:0 fail:0 xfail:0 xpass:0 skip:3 error:0\n"),
+        "{ktap}"
+    );
     let line = err
         .lines()
         .find(|l| l.contains("every selected case was skipped"))
