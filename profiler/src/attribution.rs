@@ -245,7 +245,8 @@ fn call_costs(rows: &[ExactRow], calibrated: Option<&ProbeCost>, measured: Optio
         ns: 1.0,
         own_share: 0.5,
     };
-    let (weights, total) = match (calibrated, calibrated_total(rows, calibrated)) {
+    let calibrated_sum = calibrated_total(rows, calibrated);
+    let (weights, total) = match (calibrated, calibrated_sum) {
         (Some(c), Some(total)) => (c.clone(), total),
         _ => (
             ProbeCost {
@@ -258,7 +259,7 @@ fn call_costs(rows: &[ExactRow], calibrated: Option<&ProbeCost>, measured: Optio
     };
     let scale = match measured {
         Some(m) if total > 0.0 => m as f64 / total,
-        None if calibrated_total(rows, calibrated).is_some() => 1.0,
+        None if calibrated_sum.is_some() => 1.0,
         _ => return None,
     };
     let scaled = |k: Option<CallCost>| k.map(|k| CallCost { ns: k.ns * scale, ..k });

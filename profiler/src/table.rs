@@ -252,7 +252,7 @@ fn exact_row(p: &PhaseReport, columns: &[Category]) -> String {
     let calibrated = p
         .exact
         .probe_overhead_calibrated_ns
-        .map_or(String::new(), |c| format!(", {} per calibration", ms(c)));
+        .map_or(String::new(), |c| format!(", {} ms per calibration", ms(c)));
     let cost = p.exact.probe_overhead_ns.map_or(String::new(), |o| {
         format!(
             "probes cost {} ms of it{calibrated} ({} calls)",
