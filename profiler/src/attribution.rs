@@ -402,6 +402,7 @@ fn phase_report(phase: Phase, input: &CaseInput, cats: &CategoryCounts) -> Optio
         kernel_ns: cov
             .syscalls
             .then(|| Stats::of(counters.iter().map(|c| c.syscall_ns).collect())),
+        kernel_share: cov.syscalls.then(|| kernel_share(&exact, &counters)).flatten(),
         gib_per_s,
         sampled: Sampled {
             samples: cats.total(),
@@ -419,6 +420,19 @@ fn phase_report(phase: Phase, input: &CaseInput, cats: &CategoryCounts) -> Optio
         folded: file("folded"),
         flamegraph: file("svg"),
     })
+}
+
+/// Median over the exact pass's iterations of syscall time / wall time (None: no iteration
+/// long enough to divide by).
+fn kernel_share(exact: &[(u32, &PhaseRun)], counters: &[PhaseCounters]) -> Option<f64> {
+    let mut shares: Vec<f64> = exact
+        .iter()
+        .zip(counters)
+        .filter(|((_, r), _)| r.wall_ns > 0)
+        .map(|((_, r), c)| (c.syscall_ns as f64 / r.wall_ns as f64).min(1.0))
+        .collect();
+    shares.sort_by(f64::total_cmp);
+    shares.get(shares.len() / 2).copied()
 }
 
 /// phase -> category -> function, weighted by exact exclusive ns (median iterations), with the
@@ -691,6 +705,11 @@ mod tests {
         // Not measured is absent, not zero; a phase under 1 ms untraced gets no ratio.
         assert_eq!(p.counters.cpu_faults, None);
         assert!(p.kernel_ns.is_some());
+        assert!(
+            (p.kernel_share.unwrap() - 0.9999).abs() < 1e-9,
+            "syscall time over the exact pass's own wall"
+        );
+        assert_eq!(mmap.kernel_share, Some(0.0), "no syscall time counted in that slot");
         let mmap = out.report.phases.iter().find(|p| p.name == Phase::Mmap).unwrap();
         assert_eq!(mmap.passes[&Pass::Exact].ratio, None);
         assert_eq!(out.report.map_ioctl.as_deref(), Some("VFIO_IOMMU_MAP_DMA"));

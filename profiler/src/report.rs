@@ -275,9 +275,15 @@ pub struct PhaseReport {
     pub name: Phase,
     /// Wall time per iteration (user-space monotonic clock).
     pub wall_ns: Stats,
-    /// Time inside syscalls per iteration, measured in the kernel (raw_syscalls enter/exit).
+    /// Time inside syscalls per iteration of the exact pass, measured in the kernel
+    /// (raw_syscalls enter/exit). Traced time: compare it with `passes.exact.wall_ns`, not
+    /// with the untraced `wall_ns`.
     #[serde(default)]
     pub kernel_ns: Option<Stats>,
+    /// Median share of the exact pass's wall time spent inside syscalls: the part of the
+    /// phase the kernel owns, comparable across passes because both sides carry the probes.
+    #[serde(default)]
+    pub kernel_share: Option<f64>,
     /// Throughput at the median wall time.
     #[serde(default)]
     pub gib_per_s: f64,

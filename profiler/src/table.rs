@@ -156,7 +156,7 @@ fn case_table(case: &CaseReport) -> String {
         "GiB/s",
         "exact x",
         "smpl x",
-        "syscall ms",
+        "kernel %",
         "faults cpu/min",
         "samples"
     );
@@ -211,7 +211,7 @@ fn phase_row(p: &PhaseReport, columns: &[Category]) -> String {
         gib,
         ratio(p, Pass::Exact),
         ratio(p, Pass::Sampled),
-        p.kernel_ns.as_ref().map_or("-".into(), |k| ms(k.median)),
+        p.kernel_share.map_or("-".into(), |k| format!("{:.0}%", k * 100.0)),
         faults(p),
         samples
     );
