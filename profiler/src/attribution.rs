@@ -6,13 +6,15 @@ use std::collections::BTreeMap;
 
 use crate::{
     abi::{PhaseCounters, RowStats},
-    category::{CATEGORIES, Category, CategoryCounts, classify},
+    category::{CATEGORIES, Category, CategoryCounts, base_function, category_of, classify, in_context},
     dma,
     flamegraph::Folded,
     loader::{Drained, RawSample},
     matrix::Workload,
     probes::{AttachedBy, CallCost, PROBE_TABLE, Pass, ProbeCost, ProbeStatus},
-    report::{CaseReport, Counters, Exact, ExactRow, PassTimes, PhaseReport, Ratio, Sampled, Stats, median_ci},
+    report::{
+        CaseReport, Counters, DemotedRow, Exact, ExactRow, PassTimes, PhaseReport, Ratio, Sampled, Stats, median_ci,
+    },
     symbols::KernelSymbols,
     workload::{PHASES, Phase, PhaseRun},
 };
@@ -103,6 +105,138 @@ impl Coverage {
     }
 }
 
+/// Probe cost (calls x calibrated cost) a map or unmap phase may carry, as a share of its
+/// estimated untraced time, before its costliest rows are demoted: beyond a few percent the
+/// probes rewrite the breakdown they measure.
+pub const DEMOTE_ABOVE: f64 = 0.03;
+
+/// The rows one case's exact pass runs without, and what the warm-up iteration counted of
+/// them.
+#[derive(Clone, Debug, Default)]
+pub struct Demotion {
+    /// The rows, and why.
+    pub demoted: Vec<(usize, DemotedRow)>,
+    /// Their stats per phase in the warm-up iteration.
+    counts: Vec<(Phase, usize, RowStats)>,
+}
+
+impl Demotion {
+    /// The demoted rows' indices into [`PROBE_TABLE`].
+    pub fn rows(&self) -> Vec<usize> {
+        self.demoted.iter().map(|(r, _)| *r).collect()
+    }
+
+    fn has(&self, row: usize) -> bool {
+        self.demoted.iter().any(|(r, _)| *r == row)
+    }
+}
+
+/// Which rows to demote, from one iteration with every row attached (`scout`, recorded in slot
+/// iteration 0, and its phases' wall times): in each map and unmap phase whose rows' estimated
+/// cost exceeds [`DEMOTE_ABOVE`] of the rest of the phase, the costliest rows until it does not.
+pub fn demotions(scout: &Drained, walls: &[PhaseRun], rows: &[(usize, AttachedBy)], cost: &ProbeCost) -> Demotion {
+    let mut out = Demotion::default();
+    for run in walls.iter().filter(|r| matches!(r.phase, Phase::Map | Phase::Unmap)) {
+        let s = slot(0, run.phase);
+        let mut costs: Vec<(usize, u64, u64)> = scout
+            .rows
+            .iter()
+            .filter(|(sl, _, _)| *sl == s)
+            .filter_map(|(_, row, st)| {
+                let mechanism = rows.iter().find(|(r, _)| r == row)?.1;
+                Some((*row, st.calls, (st.calls as f64 * cost.of(mechanism)?.ns) as u64))
+            })
+            .collect();
+        costs.sort_by_key(|(_, _, c)| std::cmp::Reverse(*c));
+        let mut left: u64 = costs.iter().filter(|(r, _, _)| !out.has(*r)).map(|(_, _, c)| c).sum();
+        let base = run.wall_ns.saturating_sub(left).max(1) as f64;
+        for (row, calls, c) in costs {
+            if (left as f64) <= DEMOTE_ABOVE * base {
+                break;
+            }
+            if out.has(row) {
+                continue;
+            }
+            left -= c;
+            let why = DemotedRow {
+                function: PROBE_TABLE[row].function.into(),
+                phase: run.phase,
+                calls,
+                cost_ns: c,
+                share: c as f64 / base,
+            };
+            out.demoted.push((row, why));
+        }
+    }
+    for (sl, row, st) in &scout.rows {
+        if let Some(phase) = phase_of_slot(*sl).filter(|_| out.has(*row)) {
+            out.counts.push((phase, *row, *st));
+        }
+    }
+    out
+}
+
+/// The sampled categories of the stacks each row owns (is the innermost attached row of),
+/// per phase, for the owners with a demoted row's frame under them; `None` owns the kernel
+/// stacks no attached row is on. They split the exclusive time the demoted rows' time is in.
+type Owners = BTreeMap<Phase, BTreeMap<Option<usize>, CategoryCounts>>;
+
+fn owners(input: &CaseInput) -> Owners {
+    let mut out = Owners::new();
+    let demoted = input.demotion;
+    if demoted.demoted.is_empty() {
+        return out;
+    }
+    let mut seen: BTreeMap<Phase, std::collections::BTreeSet<Option<usize>>> = BTreeMap::new();
+    let row_of = |frame: &str| {
+        let f = base_function(frame);
+        PROBE_TABLE.iter().position(|r| r.function == f)
+    };
+    for s in input.drained.samples.iter().filter(|s| !s.kernel.is_empty()) {
+        let Some(phase) = phase_of_slot(s.slot) else { continue };
+        let names: Vec<String> = s
+            .kernel
+            .iter()
+            .map(|ip| input.symbols.map_or_else(|| format!("0x{ip:x}"), |sy| sy.resolve(*ip)))
+            .collect();
+        let owner_at = names.iter().position(|n| {
+            row_of(n).is_some_and(|r| !demoted.has(r) && input.rows.iter().any(|(a, _)| *a == r))
+        });
+        let owner = owner_at.and_then(|i| row_of(&names[i]));
+        let inner = &names[..owner_at.map_or(names.len(), |i| i + 1)];
+        // Classified as the samples are, but never by a frame outside the owner.
+        let (found, at) = inner
+            .iter()
+            .enumerate()
+            .find_map(|(i, n)| Some((category_of(n)?, i)))
+            .unwrap_or((owner.map_or(Category::Other, |r| PROBE_TABLE[r].category()), inner.len()));
+        let cat = in_context(found, names.iter().skip(at + 1).map(String::as_str));
+        out.entry(phase).or_default().entry(owner).or_default().add(cat, s.count);
+        if inner.iter().any(|n| row_of(n).is_some_and(|r| demoted.has(r))) {
+            seen.entry(phase).or_default().insert(owner);
+        }
+    }
+    for (phase, owners) in &mut out {
+        owners.retain(|o, _| seen.get(phase).is_some_and(|s| s.contains(o)));
+    }
+    out
+}
+
+/// `ns` split in proportion to `counts` (the rounding rest to the largest).
+fn split(ns: u64, counts: &CategoryCounts) -> BTreeMap<Category, u64> {
+    let total = counts.total().max(1);
+    let mut out: BTreeMap<Category, u64> = counts
+        .counts
+        .iter()
+        .map(|(c, n)| (*c, (ns as u128 * u128::from(*n) / u128::from(total)) as u64))
+        .collect();
+    let rest = ns - out.values().sum::<u64>();
+    if let Some((_, v)) = out.iter_mut().max_by_key(|(_, v)| **v) {
+        *v += rest;
+    }
+    out
+}
+
 /// What a case's attribution starts from.
 pub struct CaseInput<'a> {
     /// The case and size.
@@ -119,6 +253,8 @@ pub struct CaseInput<'a> {
     pub coverage: &'a Coverage,
     /// What a probed call costs (calibrated at start-up), if measured.
     pub cost: Option<&'a ProbeCost>,
+    /// The rows the exact pass ran without.
+    pub demotion: &'a Demotion,
 }
 
 /// A case's report and the flamegraph inputs that go with it.
@@ -159,7 +295,13 @@ fn sampled_by_phase(
 /// The exact breakdown of `phase` for its median iteration: categories + probe overhead +
 /// unattributed = that iteration's wall time. `untraced` (the untraced pass's wall times, when
 /// it ran) sets the probe overhead.
-fn exact_breakdown(phase: Phase, exact: &[(u32, &PhaseRun)], input: &CaseInput, untraced: Option<&Stats>) -> Exact {
+fn exact_breakdown(
+    phase: Phase,
+    exact: &[(u32, &PhaseRun)],
+    input: &CaseInput,
+    untraced: Option<&Stats>,
+    owners: Option<&BTreeMap<Option<usize>, CategoryCounts>>,
+) -> Exact {
     if let Err(why) = &input.coverage.exact {
         return Exact {
             available: false,
@@ -200,13 +342,37 @@ fn exact_breakdown(phase: Phase, exact: &[(u32, &PhaseRun)], input: &CaseInput, 
         .filter(|c| **c != Category::User)
         .map(|c| (*c, 0))
         .collect();
-    for r in &rows {
-        *categories.entry(r.category).or_default() += r.exclusive_ns - r.overhead_ns;
+    let owned = |row: Option<usize>| owners.and_then(|o| o.get(&row));
+    let mut split_ns = 0;
+    for r in &mut rows {
+        let net = r.exclusive_ns - r.overhead_ns;
+        match owned(PROBE_TABLE.iter().position(|t| t.function == r.function)) {
+            Some(counts) => {
+                r.by_samples = split(net, counts);
+                split_ns += net;
+                for (c, ns) in &r.by_samples {
+                    *categories.entry(crate::category::in_phase(*c, phase.is_dma())).or_default() += ns;
+                }
+            }
+            None => *categories.entry(r.category).or_default() += net,
+        }
     }
-    // Syscall time that no probed row covered is the syscall's own work: `other`.
-    *categories.entry(Category::Other).or_default() += unprobed - unprobed_overhead;
+    // Syscall time that no probed row covered is the syscall's own work: `other` (or, where
+    // demoted rows' time is in it, what the stacks no attached row is on say).
+    let unprobed_net = unprobed - unprobed_overhead;
+    match owned(None) {
+        Some(counts) => {
+            split_ns += unprobed_net;
+            for (c, ns) in split(unprobed_net, counts) {
+                *categories.entry(crate::category::in_phase(c, phase.is_dma())).or_default() += ns;
+            }
+        }
+        None => *categories.entry(Category::Other).or_default() += unprobed_net,
+    }
     let probe_overhead_ns = costs.map(|_| rows.iter().map(|r| r.overhead_ns).sum::<u64>() + unprobed_overhead);
     let sum: u64 = categories.values().sum::<u64>() + probe_overhead_ns.unwrap_or(0);
+    let probe_hits = rows.iter().map(|r| r.calls).sum();
+    rows.extend(demoted_rows(input, phase));
     Exact {
         available: true,
         unavailable: None,
@@ -217,11 +383,35 @@ fn exact_breakdown(phase: Phase, exact: &[(u32, &PhaseRun)], input: &CaseInput, 
         probe_overhead_ns,
         probe_overhead_measured_ns: measured,
         probe_overhead_calibrated_ns: calibrated,
-        probe_hits: rows.iter().map(|r| r.calls).sum(),
+        probe_hits,
         unattributed_ns: run.wall_ns as i64 - sum as i64,
         rows,
         lost_events: c.stack_overflow + c.unmatched_exit,
+        split_ns,
     }
+}
+
+/// The demoted rows of `phase` as the warm-up iteration counted them, with no time of their
+/// own (it is in their callers').
+fn demoted_rows(input: &CaseInput, phase: Phase) -> Vec<ExactRow> {
+    let mechanism = |row: usize| input.rows.iter().find(|(r, _)| *r == row).map_or(AttachedBy::Kprobe, |(_, m)| *m);
+    input
+        .demotion
+        .counts
+        .iter()
+        .filter(|(ph, _, _)| *ph == phase)
+        .map(|(_, row, st)| {
+            let counted = RowStats {
+                calls: st.calls,
+                amount: st.amount,
+                ..RowStats::default()
+            };
+            ExactRow {
+                demoted: true,
+                ..exact_row(*row, &counted, mechanism(*row), phase)
+            }
+        })
+        .collect()
 }
 
 /// What the calibrated cost per call adds up to over one phase's rows, when the calibration
@@ -357,11 +547,13 @@ fn exact_row(row: usize, st: &RowStats, mechanism: AttachedBy, phase: Phase) -> 
         overhead_ns: 0,
         amount: st.amount,
         unit: r.amount.map(|(_, u)| u),
+        demoted: false,
+        by_samples: BTreeMap::new(),
     }
 }
 
 /// One phase's report from its iterations, counters and samples.
-fn phase_report(phase: Phase, input: &CaseInput, cats: &CategoryCounts) -> Option<PhaseReport> {
+fn phase_report(phase: Phase, input: &CaseInput, cats: &CategoryCounts, owners: &Owners) -> Option<PhaseReport> {
     let headline = [Pass::Untraced, Pass::Exact, Pass::Sampled]
         .into_iter()
         .map(|p| (p, runs_of(input.runs, p, phase)))
@@ -398,7 +590,7 @@ fn phase_report(phase: Phase, input: &CaseInput, cats: &CategoryCounts) -> Optio
         wall_pass,
         wall_ci: median_ci(&wall.runs),
         passes: pass_times(input, phase, untraced),
-        exact: exact_breakdown(phase, &exact, input, untraced),
+        exact: exact_breakdown(phase, &exact, input, untraced, owners.get(&phase)),
         kernel_ns: cov
             .syscalls
             .then(|| Stats::of(counters.iter().map(|c| c.syscall_ns).collect())),
@@ -444,9 +636,15 @@ pub fn summary_folded(phases: &[PhaseReport]) -> Folded {
         let mut covered = 0;
         for r in &p.exact.rows {
             let own = r.exclusive_ns.saturating_sub(r.overhead_ns);
-            f.add([name, &format!("cat:{}", r.category), &r.function], own);
-            if r.category == Category::Other {
-                covered += own;
+            let parts = match r.by_samples.is_empty() {
+                true => vec![(r.category, own)],
+                false => r.by_samples.iter().map(|(c, ns)| (*c, *ns)).collect(),
+            };
+            for (cat, ns) in parts {
+                f.add([name, &format!("cat:{cat}"), &r.function], ns);
+                if cat == Category::Other {
+                    covered += ns;
+                }
             }
         }
         f.add([name, "[probe overhead]"], p.exact.probe_overhead_ns.unwrap_or(0));
@@ -464,11 +662,12 @@ pub fn summary_folded(phases: &[PhaseReport]) -> Folded {
 /// Builds a case's report from what was measured and recorded.
 pub fn case_report(input: &CaseInput) -> CaseOutput {
     let mut sampled = sampled_by_phase(&input.drained.samples, input.symbols);
+    let owners = owners(input);
     let mut phases = Vec::new();
     let mut folded = Vec::new();
     for &phase in PHASES {
         let (cats, f) = sampled.remove(&phase).unwrap_or_default();
-        if let Some(p) = phase_report(phase, input, &cats) {
+        if let Some(p) = phase_report(phase, input, &cats, &owners) {
             phases.push(p);
             folded.push((phase, f));
         }
@@ -491,6 +690,7 @@ pub fn case_report(input: &CaseInput) -> CaseOutput {
             size_bytes: w.size.bytes(),
             page_size: w.case.backing.page_size(),
             phases,
+            demoted: input.demotion.demoted.iter().map(|(_, d)| d.clone()).collect(),
         },
     }
 }
@@ -537,6 +737,8 @@ mod tests {
             overhead_ns: 0,
             amount: 0,
             unit: None,
+            demoted: false,
+            by_samples: BTreeMap::new(),
         }
     }
 
@@ -672,6 +874,7 @@ mod tests {
             rows: &rows,
             coverage: &coverage,
             cost: None,
+            demotion: &Demotion::default(),
         };
         let out = case_report(&input);
         let p = out.report.phases.iter().find(|p| p.name == Phase::Map).unwrap();
@@ -773,5 +976,105 @@ mod tests {
             }
         }
         assert_eq!(phase_of_slot(0), None);
+    }
+
+    fn one_row(slot: u32, name: &str, calls: u64, exclusive_ns: u64) -> (u32, usize, RowStats) {
+        let st = RowStats {
+            calls,
+            inclusive_ns: exclusive_ns,
+            exclusive_ns,
+            amount: calls * 4096,
+            ..RowStats::default()
+        };
+        (slot, row(name), st)
+    }
+
+    #[test]
+    fn hot_rows_are_demoted_and_their_time_split_by_samples() {
+        let map = slot(0, Phase::Map);
+        let scout = Drained {
+            rows: vec![
+                one_row(map, "vfio_pin_map_dma", 1, 4_000_000),
+                one_row(map, "iommu_map", 10_000, 6_000_000),
+            ],
+            ..Drained::default()
+        };
+        let attached = [
+            (row("vfio_pin_map_dma"), AttachedBy::Kprobe),
+            (row("iommu_map"), AttachedBy::Fentry),
+        ];
+        let cost = ProbeCost {
+            fentry: Some(CallCost { ns: 500.0, own_share: 0.5 }),
+            kprobe: Some(CallCost { ns: 1000.0, own_share: 0.5 }),
+            errors: Vec::new(),
+        };
+        // 10000 hits at 500 ns: 5 ms of a 10 ms phase. The 1 us of the one top call stays.
+        let d = demotions(&scout, &[run(Phase::Map, 10_000_000)], &attached, &cost);
+        assert_eq!(d.rows(), [row("iommu_map")]);
+        let why = &d.demoted[0].1;
+        assert_eq!((why.calls, why.cost_ns, why.phase), (10_000, 5_000_000, Phase::Map));
+        assert!((why.share - 5.0 / (10.0 - 5.001)).abs() < 1e-3);
+        // A phase that carries its probes keeps them all.
+        assert!(demotions(&scout, &[run(Phase::Map, 1_000_000_000)], &attached, &cost).demoted.is_empty());
+
+        // The exact pass without iommu_map: its time is in vfio_pin_map_dma, whose sampled
+        // stacks say 3 parts IOMMU mapping to 1 part its own.
+        let w = Workload {
+            case: Case {
+                mode: Some(DmaMode::VfioType1Iommu),
+                backing: Backing::Anonymous,
+                prefault: Prefault::None,
+            },
+            size: "1M".parse().unwrap(),
+            thp: crate::matrix::Thp::System,
+        };
+        let mut runs = PassRuns::new();
+        runs.insert(Pass::Exact, vec![(0, vec![run(Phase::Map, 8_000_000)])]);
+        runs.insert(Pass::Sampled, vec![(1, vec![run(Phase::Map, 8_000_000)])]);
+        let sampled = slot(1, Phase::Map);
+        let drained = Drained {
+            counters: vec![(
+                map,
+                PhaseCounters {
+                    syscall_ns: 8_000_000,
+                    ..Default::default()
+                },
+            )],
+            rows: vec![one_row(map, "vfio_pin_map_dma", 1, 8_000_000)],
+            samples: vec![
+                RawSample { slot: sampled, kernel: vec![0x2010, 0x1010], count: 3 },
+                RawSample { slot: sampled, kernel: vec![0x1020], count: 1 },
+            ],
+        };
+        let symbols = KernelSymbols::from_pairs(vec![
+            (0x1000, "vfio_pin_map_dma [vfio_iommu_type1]".into()),
+            (0x2000, "iommu_map".into()),
+        ]);
+        let coverage = Coverage {
+            exact: Ok(()),
+            syscalls: true,
+            cpu_faults: false,
+            samples: true,
+        };
+        let out = case_report(&CaseInput {
+            workload: &w,
+            runs: &runs,
+            drained: &drained,
+            symbols: Some(&symbols),
+            rows: &attached,
+            coverage: &coverage,
+            cost: None,
+            demotion: &d,
+        });
+        let e = &out.report.phases.iter().find(|p| p.name == Phase::Map).unwrap().exact;
+        assert_eq!(e.categories[&Category::IommuMap], 6_000_000);
+        assert_eq!(e.categories[&Category::Other], 2_000_000);
+        assert_eq!(e.split_ns, 8_000_000);
+        assert_eq!(e.probe_hits, 1, "a demoted row has no hits");
+        let demoted = e.rows.iter().find(|r| r.function == "iommu_map").unwrap();
+        assert!(demoted.demoted && demoted.calls == 10_000 && demoted.exclusive_ns == 0);
+        assert_eq!(demoted.amount, 10_000 * 4096, "counted in the warm-up iteration");
+        assert_eq!(out.report.demoted.len(), 1);
+        assert_eq!(out.summary.stacks["map;cat:iommu_map;vfio_pin_map_dma"], 6_000_000);
     }
 }

@@ -278,6 +278,11 @@ pub fn function_name(frame: &str) -> &str {
         .map_or(frame, |(f, _)| f)
 }
 
+/// The function a frame belongs to: module suffix and clone suffix dropped.
+pub fn base_function(frame: &str) -> &str {
+    unclone(function_name(frame))
+}
+
 /// The function a compiler clone was made from (`vfio_lock_acct.part.0` -> `vfio_lock_acct`).
 fn unclone(function: &str) -> &str {
     function.split_once('.').map_or(function, |(f, _)| f)

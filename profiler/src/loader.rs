@@ -299,6 +299,7 @@ impl<'e> Attacher<'e> {
             group,
             target,
             link: Some(link),
+            row: None,
         });
         Ok(())
     }
@@ -329,6 +330,14 @@ impl<'e> Attacher<'e> {
         load_fentry_slot(self.ebpf, self.btf.as_ref(), slot, symbol)
     }
 
+    /// Records that the hook attached last measures `row` (so it can be demoted alone).
+    fn mark_row(&mut self, row: usize, status: ProbeStatus) -> ProbeStatus {
+        if let Some(h) = self.hooks.last_mut() {
+            h.row = Some(row);
+        }
+        status
+    }
+
     /// One planned row: fentry when it can bind and is allowed, else kprobes.
     fn row(&mut self, plan: &RowPlan) -> ProbeStatus {
         let function = PROBE_TABLE[plan.row].function;
@@ -340,14 +349,14 @@ impl<'e> Attacher<'e> {
         };
         let fentry_error = if plan.fentry_able {
             match self.fentry_pair(&plan.symbol) {
-                Ok(()) => return attached(AttachedBy::Fentry),
+                Ok(()) => return self.mark_row(plan.row, attached(AttachedBy::Fentry)),
                 Err(e) => Some(e.to_string()),
             }
         } else {
             None
         };
         match self.kprobe_pair(&plan.symbol) {
-            Ok(()) => attached(AttachedBy::Kprobe),
+            Ok(()) => self.mark_row(plan.row, attached(AttachedBy::Kprobe)),
             Err(e) => {
                 let first = match fentry_error {
                     Some(f) => f,
@@ -418,6 +427,8 @@ struct Hook {
     group: Group,
     target: Target,
     link: Option<Link>,
+    /// The probe-table row it measures, for row hooks.
+    row: Option<usize>,
 }
 
 /// Loads slot `slot`'s fentry and fexit programs for `symbol` (BTF binds them at load).
@@ -703,6 +714,8 @@ pub struct Probes {
     left: RowsLeft,
     /// The probe on the calibration function while it is measured.
     calibration: Option<Hook>,
+    /// Rows kept detached (see [`Probes::set_demoted`]).
+    demoted: Vec<usize>,
 }
 
 impl Probes {
@@ -736,6 +749,7 @@ impl Probes {
             status,
             left,
             calibration: None,
+            demoted: Vec::new(),
         })
     }
 
@@ -743,7 +757,8 @@ impl Probes {
     /// attaches again what a previous pass detached. Nothing is loaded again.
     pub fn set_groups(&mut self, groups: &[Group]) -> Result<(), AttachError> {
         for hook in &mut self.hooks {
-            let wanted = groups.contains(&hook.group);
+            let demoted = hook.row.is_some_and(|r| self.demoted.contains(&r));
+            let wanted = groups.contains(&hook.group) && !demoted;
             match hook.link.take() {
                 Some(l) if !wanted => unlink(&mut self.ebpf, &hook.target, l)?,
                 Some(l) => hook.link = Some(l),
@@ -752,6 +767,13 @@ impl Probes {
             }
         }
         Ok(())
+    }
+
+    /// Leaves rows `rows` (indices into [`PROBE_TABLE`]) detached from the next
+    /// [`Probes::set_groups`] on, even in a group that is attached: their hits would cost more
+    /// than the phase can carry. An empty list attaches every row again.
+    pub fn set_demoted(&mut self, rows: &[usize]) {
+        self.demoted = rows.to_vec();
     }
 
     /// The rows that attached (indices into [`PROBE_TABLE`]) and how.
@@ -895,6 +917,7 @@ impl Probes {
             group: Group::Rows,
             target,
             link: Some(link),
+            row: None,
         });
         Ok(())
     }

@@ -125,6 +125,9 @@ pub struct CaseReport {
     /// Category-level flamegraph of the exact numbers (phase -> category -> function).
     #[serde(default)]
     pub summary_flamegraph: Option<String>,
+    /// Rows its exact pass ran without, and why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub demoted: Vec<DemotedRow>,
 }
 
 /// Median/min/max over iterations, plus every run.
@@ -358,6 +361,10 @@ pub struct Exact {
     /// Calls not accounted (stack overflow, unmatched returns); non-zero marks the numbers.
     #[serde(default)]
     pub lost_events: u64,
+    /// The part of the categories split by sampled stacks (rows whose demoted callees' time
+    /// is in them; see [`ExactRow::by_samples`]).
+    #[serde(default)]
+    pub split_ns: u64,
 }
 
 impl Exact {
@@ -408,6 +415,30 @@ pub struct ExactRow {
     /// Its unit (pages, bytes), if any.
     #[serde(default)]
     pub unit: Option<AmountUnit>,
+    /// Left detached in this case's exact pass (see [`CaseReport::demoted`]): `calls` and
+    /// `amount` were counted in the warm-up iteration, its time is in its caller's row.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub demoted: bool,
+    /// Its exclusive time less probe cost split by the sampled stacks it owns, when a demoted
+    /// row's time is in it (empty: all of it counts as `category`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub by_samples: BTreeMap<Category, u64>,
+}
+
+/// A probe-table row the exact pass of one case ran without: counted in the warm-up
+/// iteration, its hits would have cost more than the phase can carry.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DemotedRow {
+    /// Kernel function.
+    pub function: String,
+    /// The phase it was too costly in.
+    pub phase: Phase,
+    /// Its calls in that phase of the warm-up iteration.
+    pub calls: u64,
+    /// Their estimated cost (calls x the calibrated cost of its mechanism).
+    pub cost_ns: u64,
+    /// That cost over the phase's estimated untraced time.
+    pub share: f64,
 }
 
 /// A case that ran and failed.

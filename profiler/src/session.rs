@@ -4,7 +4,7 @@
 use std::{path::Path, time::Instant};
 
 use crate::{
-    attribution::{self, CaseInput, Coverage, PassRuns},
+    attribution::{self, CaseInput, Coverage, Demotion, PassRuns},
     calibrate,
     device::{Device, DeviceError},
     dma::DmaContext,
@@ -16,7 +16,7 @@ use crate::{
     output::{self, OutDir, OutputError},
     plan::{self, Plan, PlanError, RunOptions},
     privileges,
-    probes::{AttachedBy, Pass},
+    probes::{AttachedBy, Pass, ProbeCost},
     report::{self, Config, Failed, Report, Skipped, Timing},
     stop::{Control, Stage},
     symbols::KernelSymbols,
@@ -244,7 +244,12 @@ impl Session {
     ) -> Result<bool, RunError> {
         let mut probes = tracing.probes.as_deref_mut();
         let name = case.name();
-        let CaseRuns { runs, failure } = match self.run_case(case, probes.as_deref_mut(), control) {
+        let cost = report.probe_cost.clone();
+        let CaseRuns {
+            runs,
+            failure,
+            demotion,
+        } = match self.run_case(case, probes.as_deref_mut(), cost.as_ref(), control) {
             Ok(r) => r,
             Err(CaseError::Skip(reason)) => {
                 eprintln!("dmaprof: skipping {name}: {reason}");
@@ -280,6 +285,7 @@ impl Session {
                 rows: &rows,
                 coverage: tracing.coverage,
                 cost: report.probe_cost.as_ref(),
+                demotion: &demotion,
             });
             output::write_case(&self.out.path, &out)?;
             report.cases.push(out.report);
@@ -301,7 +307,13 @@ impl Session {
     /// Reserves what `case` needs, sets up its DMA context, runs one discarded warm-up
     /// iteration, then the passes' iterations in their interleaved order, each pass with its
     /// probes attached and the others detached.
-    fn run_case(&self, case: &Case, mut probes: Option<&mut Probes>, control: &Control) -> Result<CaseRuns, CaseError> {
+    fn run_case(
+        &self,
+        case: &Case,
+        mut probes: Option<&mut Probes>,
+        cost: Option<&ProbeCost>,
+        control: &Control,
+    ) -> Result<CaseRuns, CaseError> {
         control.enter(Stage::Opening(case.name()));
         let size = self.opts.size;
         let _reservation = match case.backing.hugetlb_kb() {
@@ -319,13 +331,20 @@ impl Session {
             size,
             thp: self.opts.thp,
         };
-        // Warm up untraced and discard: first touches of fresh (or freshly reserved) memory
-        // are many times slower and would make every first iteration an outlier.
-        let mut warm = SlotObserver::new(None, 0, control, case);
+        // Warm up and discard: first touches of fresh (or freshly reserved) memory are many
+        // times slower and would make every first iteration an outlier.
         let mut runs = PassRuns::new();
-        if let Err(e) = workload::run_iteration(&workload, dma.as_mut(), &mut warm, control.cancel_flag()) {
-            return Ok(CaseRuns { runs, failure: Some(e) });
-        }
+        let scout = probes.as_deref_mut().filter(|_| self.opts.passes.contains(&Pass::Exact)).zip(cost);
+        let demotion = match self.warm_up(&workload, dma.as_mut(), scout, control)? {
+            Ok(d) => d,
+            Err(e) => {
+                return Ok(CaseRuns {
+                    runs,
+                    failure: Some(e),
+                    demotion: Demotion::default(),
+                });
+            }
+        };
         let mut current = Pass::Untraced;
         for (pass, index) in steps {
             if let Some(p) = probes.as_deref_mut().filter(|_| pass != current) {
@@ -343,13 +362,69 @@ impl Session {
             }
             match r {
                 Ok(r) => runs.entry(pass).or_default().push((slot_iteration.unwrap_or(index), r)),
-                Err(e) => return Ok(CaseRuns { runs, failure: Some(e) }),
+                Err(e) => {
+                    return Ok(CaseRuns {
+                        runs,
+                        failure: Some(e),
+                        demotion,
+                    });
+                }
             }
         }
         if let Some(p) = probes {
             p.set_groups(&[]).map_err(CaseError::Probes)?;
         }
-        Ok(CaseRuns { runs, failure: None })
+        Ok(CaseRuns {
+            runs,
+            failure: None,
+            demotion,
+        })
+    }
+
+    /// Runs the discarded warm-up iteration. Before an exact pass with a calibrated probe
+    /// cost (`scout`) it runs with every row attached: the rows whose hits would cost the map
+    /// or unmap phase more than it can carry are demoted for this case.
+    fn warm_up(
+        &self,
+        workload: &Workload,
+        dma: Option<&mut DmaContext>,
+        scout: Option<(&mut Probes, &ProbeCost)>,
+        control: &Control,
+    ) -> Result<Result<Demotion, WorkloadError>, CaseError> {
+        let case = &workload.case;
+        let Some((p, cost)) = scout else {
+            let mut warm = SlotObserver::new(None, 0, control, case);
+            let r = workload::run_iteration(workload, dma, &mut warm, control.cancel_flag());
+            return Ok(r.map(|_| Demotion::default()));
+        };
+        control.enter(Stage::Switching(case.name(), Pass::Exact));
+        p.set_demoted(&[]);
+        p.set_groups(Pass::Exact.groups()).map_err(CaseError::Probes)?;
+        let mut obs = SlotObserver::new(Some(&mut *p), 0, control, case);
+        let r = workload::run_iteration(workload, dma, &mut obs, control.cancel_flag());
+        if let Some(e) = obs.error.take() {
+            return Err(CaseError::Probes(e));
+        }
+        let drained = p.drain(attribution::slots(1)).map_err(CaseError::Probes)?;
+        p.set_groups(&[]).map_err(CaseError::Probes)?;
+        let walls = match r {
+            Ok(w) => w,
+            Err(e) => return Ok(Err(e)),
+        };
+        let demotion = attribution::demotions(&drained, &walls, &p.attached_rows(), cost);
+        for (_, d) in &demotion.demoted {
+            eprintln!(
+                "dmaprof: {}: exact pass without {} ({} calls in {} would cost ~{:.1} ms, {:.0}% of it; its time stays in its caller)",
+                case.name(),
+                d.function,
+                d.calls,
+                d.phase.name(),
+                d.cost_ns as f64 / 1e6,
+                d.share * 100.0
+            );
+        }
+        p.set_demoted(&demotion.rows());
+        Ok(Ok(demotion))
     }
 
     /// Which slot-iteration a traced pass's `index`-th iteration records into (the exact pass
@@ -428,6 +503,8 @@ fn traced(passes: &[Pass]) -> bool {
 struct CaseRuns {
     runs: PassRuns,
     failure: Option<WorkloadError>,
+    /// The rows its exact pass ran without.
+    demotion: Demotion,
 }
 
 /// The order a case's iterations run in: round by round, each round every pass that still has

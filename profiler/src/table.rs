@@ -169,6 +169,29 @@ fn case_table(case: &CaseReport) -> String {
         out += &phase_row(p, &columns);
         out += &exact_row(p, &columns);
     }
+    out += &demoted(case);
+    out
+}
+
+/// Which rows the exact pass ran without, and where their time went.
+fn demoted(case: &CaseReport) -> String {
+    let mut out = String::new();
+    for d in &case.demoted {
+        let _ = writeln!(
+            out,
+            "  exact pass without {}: {} calls in {} would cost ~{} ms of probes ({:.0}%); its time is in its caller's row{}",
+            d.function,
+            d.calls,
+            d.phase.name(),
+            ms(d.cost_ns),
+            d.share * 100.0,
+            if case.phases.iter().any(|p| p.name == d.phase && p.exact.split_ns > 0) {
+                ", split by the sampled stacks"
+            } else {
+                " (no sampled pass to split it)"
+            }
+        );
+    }
     out
 }
 
