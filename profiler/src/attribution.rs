@@ -126,6 +126,13 @@ impl Demotion {
         self.demoted.iter().map(|(r, _)| *r).collect()
     }
 
+    /// One line per phase: which rows, their calls and estimated cost, and what the probes
+    /// would have cost the phase with them.
+    pub fn describe(&self) -> Vec<String> {
+        let rows: Vec<DemotedRow> = self.demoted.iter().map(|(_, d)| d.clone()).collect();
+        crate::report::describe_demoted(&rows).into_iter().map(|(_, l)| l).collect()
+    }
+
     fn has(&self, row: usize) -> bool {
         self.demoted.iter().any(|(r, _)| *r == row)
     }
@@ -148,8 +155,9 @@ pub fn demotions(scout: &Drained, walls: &[PhaseRun], rows: &[(usize, AttachedBy
             })
             .collect();
         costs.sort_by_key(|(_, _, c)| std::cmp::Reverse(*c));
+        let total: u64 = costs.iter().map(|(_, _, c)| c).sum();
+        let base = run.wall_ns.saturating_sub(total).max(1) as f64;
         let mut left: u64 = costs.iter().filter(|(r, _, _)| !out.has(*r)).map(|(_, _, c)| c).sum();
-        let base = run.wall_ns.saturating_sub(left).max(1) as f64;
         for (row, calls, c) in costs {
             if (left as f64) <= DEMOTE_ABOVE * base {
                 break;
@@ -164,6 +172,7 @@ pub fn demotions(scout: &Drained, walls: &[PhaseRun], rows: &[(usize, AttachedBy
                 calls,
                 cost_ns: c,
                 share: c as f64 / base,
+                phase_share: total as f64 / base,
             };
             out.demoted.push((row, why));
         }
@@ -1014,6 +1023,10 @@ mod tests {
         let why = &d.demoted[0].1;
         assert_eq!((why.calls, why.cost_ns, why.phase), (10_000, 5_000_000, Phase::Map));
         assert!((why.share - 5.0 / (10.0 - 5.001)).abs() < 1e-3);
+        assert!((why.phase_share - 5.001 / (10.0 - 5.001)).abs() < 1e-3);
+        let said = d.describe();
+        assert_eq!(said.len(), 1);
+        assert!(said[0].starts_with("exact pass without iommu_map: 10000 calls in map"), "{said:?}");
         // A phase that carries its probes keeps them all.
         assert!(demotions(&scout, &[run(Phase::Map, 1_000_000_000)], &attached, &cost).demoted.is_empty());
 

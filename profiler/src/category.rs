@@ -219,7 +219,11 @@ pub const CATEGORY_RULES: &[(&str, Category)] = &[
     ("update_mm_locked_vm", Category::Accounting),
     ("iopt_pages_update_pinned", Category::Accounting),
     // Release: munmap's zap, TLB flush and freeing of the folios.
+    ("unmap_region", Category::Release),
     ("unmap_vmas", Category::Release),
+    ("__unmap_hugepage_range", Category::Release),
+    ("shmem_undo_range", Category::Release),
+    ("truncate_inode_folio", Category::Release),
     ("unmap_single_vma", Category::Release),
     ("unmap_page_range", Category::Release),
     ("zap_*", Category::Release),

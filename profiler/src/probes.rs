@@ -111,6 +111,12 @@ pub const PROBE_TABLE: &[ProbeRow] = &[
     // locked_vm accounting.
     pages("__account_locked_vm", 1),
     pages("account_locked_vm", 1),
+    // Release: munmap's zap, page-table freeing and TLB flush, and a memfd's page cache freed
+    // at its last close. Once per call each, so they cost nothing to probe.
+    row("unmap_region"),
+    row("unmap_vmas"),
+    row("tlb_finish_mmu"),
+    row("shmem_undo_range"),
 ];
 
 /// What one probed call costs on the running kernel, per mechanism (None: not measured).

@@ -425,6 +425,28 @@ pub struct ExactRow {
     pub by_samples: BTreeMap<Category, u64>,
 }
 
+/// One line per phase of `demoted`: which rows the exact pass ran without, and why.
+pub fn describe_demoted(demoted: &[DemotedRow]) -> Vec<(Phase, String)> {
+    crate::workload::PHASES
+        .iter()
+        .filter_map(|ph| {
+            let rows: Vec<&DemotedRow> = demoted.iter().filter(|d| d.phase == *ph).collect();
+            let first = rows.first()?;
+            let names: Vec<&str> = rows.iter().map(|d| d.function.as_str()).collect();
+            let line = format!(
+                "exact pass without {}: {} calls in {} would cost ~{:.1} ms of probes ({:.0}% of the phase, with every row {:.0}%)",
+                names.join(", "),
+                rows.iter().map(|d| d.calls).sum::<u64>(),
+                ph.name(),
+                rows.iter().map(|d| d.cost_ns).sum::<u64>() as f64 / 1e6,
+                rows.iter().map(|d| d.share).sum::<f64>() * 100.0,
+                first.phase_share * 100.0
+            );
+            Some((*ph, line))
+        })
+        .collect()
+}
+
 /// A probe-table row the exact pass of one case ran without: counted in the warm-up
 /// iteration, its hits would have cost more than the phase can carry.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -439,6 +461,9 @@ pub struct DemotedRow {
     pub cost_ns: u64,
     /// That cost over the phase's estimated untraced time.
     pub share: f64,
+    /// What every row's hits would have cost that phase, likewise.
+    #[serde(default)]
+    pub phase_share: f64,
 }
 
 /// A case that ran and failed.

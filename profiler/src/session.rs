@@ -381,9 +381,9 @@ impl Session {
         })
     }
 
-    /// Runs the discarded warm-up iteration. Before an exact pass with a calibrated probe
-    /// cost (`scout`) it runs with every row attached: the rows whose hits would cost the map
-    /// or unmap phase more than it can carry are demoted for this case.
+    /// Runs the discarded warm-up iteration and, before an exact pass with a calibrated probe
+    /// cost (`scout`), a discarded scout iteration with every row attached: the rows whose hits
+    /// would cost the map or unmap phase more than it can carry are demoted for this case.
     fn warm_up(
         &self,
         workload: &Workload,
@@ -392,10 +392,16 @@ impl Session {
         control: &Control,
     ) -> Result<Result<Demotion, WorkloadError>, CaseError> {
         let case = &workload.case;
+        let mut warm = SlotObserver::new(None, 0, control, case);
+        let mut dma = dma;
+        if let Err(e) = workload::run_iteration(workload, dma.as_deref_mut(), &mut warm, control.cancel_flag()) {
+            return Ok(Err(e));
+        }
+        // The scout runs on memory the warm-up has used and freed, as every later iteration
+        // does: on fresh memory the pages come physically contiguous and a 4 KiB buffer makes
+        // far fewer DMA chunks than it will.
         let Some((p, cost)) = scout else {
-            let mut warm = SlotObserver::new(None, 0, control, case);
-            let r = workload::run_iteration(workload, dma, &mut warm, control.cancel_flag());
-            return Ok(r.map(|_| Demotion::default()));
+            return Ok(Ok(Demotion::default()));
         };
         control.enter(Stage::Switching(case.name(), Pass::Exact));
         p.set_demoted(&[]);
@@ -412,16 +418,8 @@ impl Session {
             Err(e) => return Ok(Err(e)),
         };
         let demotion = attribution::demotions(&drained, &walls, &p.attached_rows(), cost);
-        for (_, d) in &demotion.demoted {
-            eprintln!(
-                "dmaprof: {}: exact pass without {} ({} calls in {} would cost ~{:.1} ms, {:.0}% of it; its time stays in its caller)",
-                case.name(),
-                d.function,
-                d.calls,
-                d.phase.name(),
-                d.cost_ns as f64 / 1e6,
-                d.share * 100.0
-            );
+        for line in demotion.describe() {
+            eprintln!("dmaprof: {}: {line}", case.name());
         }
         p.set_demoted(&demotion.rows());
         Ok(Ok(demotion))

@@ -176,21 +176,14 @@ fn case_table(case: &CaseReport) -> String {
 /// Which rows the exact pass ran without, and where their time went.
 fn demoted(case: &CaseReport) -> String {
     let mut out = String::new();
-    for d in &case.demoted {
-        let _ = writeln!(
-            out,
-            "  exact pass without {}: {} calls in {} would cost ~{} ms of probes ({:.0}%); its time is in its caller's row{}",
-            d.function,
-            d.calls,
-            d.phase.name(),
-            ms(d.cost_ns),
-            d.share * 100.0,
-            if case.phases.iter().any(|p| p.name == d.phase && p.exact.split_ns > 0) {
-                ", split by the sampled stacks"
-            } else {
-                " (no sampled pass to split it)"
-            }
-        );
+    for (phase, line) in crate::report::describe_demoted(&case.demoted) {
+        let split = case.phases.iter().any(|p| p.name == phase && p.exact.split_ns > 0);
+        let whither = if split {
+            "their time is in their callers' rows, split by the sampled stacks"
+        } else {
+            "their time is in their callers' rows (no sampled pass to split it)"
+        };
+        let _ = writeln!(out, "  {line}; {whither}");
     }
     out
 }
