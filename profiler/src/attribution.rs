@@ -105,7 +105,7 @@ impl Coverage {
     }
 }
 
-/// Probe cost (calls x calibrated cost) a map or unmap phase may carry, as a share of its
+/// Probe cost (calls x calibrated cost) a syscall phase may carry, as a share of its
 /// estimated untraced time, before its costliest rows are demoted: beyond a few percent the
 /// probes rewrite the breakdown they measure.
 pub const DEMOTE_ABOVE: f64 = 0.03;
@@ -130,7 +130,10 @@ impl Demotion {
     /// would have cost the phase with them.
     pub fn describe(&self) -> Vec<String> {
         let rows: Vec<DemotedRow> = self.demoted.iter().map(|(_, d)| d.clone()).collect();
-        crate::report::describe_demoted(&rows).into_iter().map(|(_, l)| l).collect()
+        crate::report::describe_demoted(&rows)
+            .into_iter()
+            .map(|(_, l)| l)
+            .collect()
     }
 
     fn has(&self, row: usize) -> bool {
@@ -139,11 +142,13 @@ impl Demotion {
 }
 
 /// Which rows to demote, from one iteration with every row attached (`scout`, recorded in slot
-/// iteration 0, and its phases' wall times): in each map and unmap phase whose rows' estimated
+/// iteration 0, and its phases' wall times): in each syscall phase whose rows' estimated
 /// cost exceeds [`DEMOTE_ABOVE`] of the rest of the phase, the costliest rows until it does not.
 pub fn demotions(scout: &Drained, walls: &[PhaseRun], rows: &[(usize, AttachedBy)], cost: &ProbeCost) -> Demotion {
     let mut out = Demotion::default();
-    for run in walls.iter().filter(|r| matches!(r.phase, Phase::Map | Phase::Unmap)) {
+    // Not touch: with its fault rows demoted its kernel time would be nobody's, as no
+    // syscall time contains it.
+    for run in walls.iter().filter(|r| r.phase.is_syscall()) {
         let s = slot(0, run.phase);
         let mut costs: Vec<(usize, u64, u64)> = scout
             .rows
@@ -208,9 +213,9 @@ fn owners(input: &CaseInput) -> Owners {
             .iter()
             .map(|ip| input.symbols.map_or_else(|| format!("0x{ip:x}"), |sy| sy.resolve(*ip)))
             .collect();
-        let owner_at = names.iter().position(|n| {
-            row_of(n).is_some_and(|r| !demoted.has(r) && input.rows.iter().any(|(a, _)| *a == r))
-        });
+        let owner_at = names
+            .iter()
+            .position(|n| row_of(n).is_some_and(|r| !demoted.has(r) && input.rows.iter().any(|(a, _)| *a == r)));
         let owner = owner_at.and_then(|i| row_of(&names[i]));
         let inner = &names[..owner_at.map_or(names.len(), |i| i + 1)];
         // Classified as the samples are, but never by a frame outside the owner.
@@ -218,9 +223,16 @@ fn owners(input: &CaseInput) -> Owners {
             .iter()
             .enumerate()
             .find_map(|(i, n)| Some((category_of(n)?, i)))
-            .unwrap_or((owner.map_or(Category::Other, |r| PROBE_TABLE[r].category()), inner.len()));
+            .unwrap_or((
+                owner.map_or(Category::Other, |r| PROBE_TABLE[r].category()),
+                inner.len(),
+            ));
         let cat = in_context(found, names.iter().skip(at + 1).map(String::as_str));
-        out.entry(phase).or_default().entry(owner).or_default().add(cat, s.count);
+        out.entry(phase)
+            .or_default()
+            .entry(owner)
+            .or_default()
+            .add(cat, s.count);
         if inner.iter().any(|n| row_of(n).is_some_and(|r| demoted.has(r))) {
             seen.entry(phase).or_default().insert(owner);
         }
@@ -360,7 +372,9 @@ fn exact_breakdown(
                 r.by_samples = split(net, counts);
                 split_ns += net;
                 for (c, ns) in &r.by_samples {
-                    *categories.entry(crate::category::in_phase(*c, phase.is_dma())).or_default() += ns;
+                    *categories
+                        .entry(crate::category::in_phase(*c, phase.is_dma()))
+                        .or_default() += ns;
                 }
             }
             None => *categories.entry(r.category).or_default() += net,
@@ -373,7 +387,9 @@ fn exact_breakdown(
         Some(counts) => {
             split_ns += unprobed_net;
             for (c, ns) in split(unprobed_net, counts) {
-                *categories.entry(crate::category::in_phase(c, phase.is_dma())).or_default() += ns;
+                *categories
+                    .entry(crate::category::in_phase(c, phase.is_dma()))
+                    .or_default() += ns;
             }
         }
         None => *categories.entry(Category::Other).or_default() += unprobed_net,
@@ -403,7 +419,13 @@ fn exact_breakdown(
 /// The demoted rows of `phase` as the warm-up iteration counted them, with no time of their
 /// own (it is in their callers').
 fn demoted_rows(input: &CaseInput, phase: Phase) -> Vec<ExactRow> {
-    let mechanism = |row: usize| input.rows.iter().find(|(r, _)| *r == row).map_or(AttachedBy::Kprobe, |(_, m)| *m);
+    let mechanism = |row: usize| {
+        input
+            .rows
+            .iter()
+            .find(|(r, _)| *r == row)
+            .map_or(AttachedBy::Kprobe, |(_, m)| *m)
+    };
     input
         .demotion
         .counts
@@ -1013,8 +1035,14 @@ mod tests {
             (row("iommu_map"), AttachedBy::Fentry),
         ];
         let cost = ProbeCost {
-            fentry: Some(CallCost { ns: 500.0, own_share: 0.5 }),
-            kprobe: Some(CallCost { ns: 1000.0, own_share: 0.5 }),
+            fentry: Some(CallCost {
+                ns: 500.0,
+                own_share: 0.5,
+            }),
+            kprobe: Some(CallCost {
+                ns: 1000.0,
+                own_share: 0.5,
+            }),
             errors: Vec::new(),
         };
         // 10000 hits at 500 ns: 5 ms of a 10 ms phase. The 1 us of the one top call stays.
@@ -1026,9 +1054,16 @@ mod tests {
         assert!((why.phase_share - 5.001 / (10.0 - 5.001)).abs() < 1e-3);
         let said = d.describe();
         assert_eq!(said.len(), 1);
-        assert!(said[0].starts_with("exact pass without iommu_map: 10000 calls in map"), "{said:?}");
+        assert!(
+            said[0].starts_with("exact pass without iommu_map: 10000 calls in map"),
+            "{said:?}"
+        );
         // A phase that carries its probes keeps them all.
-        assert!(demotions(&scout, &[run(Phase::Map, 1_000_000_000)], &attached, &cost).demoted.is_empty());
+        assert!(
+            demotions(&scout, &[run(Phase::Map, 1_000_000_000)], &attached, &cost)
+                .demoted
+                .is_empty()
+        );
 
         // The exact pass without iommu_map: its time is in vfio_pin_map_dma, whose sampled
         // stacks say 3 parts IOMMU mapping to 1 part its own.
@@ -1055,8 +1090,16 @@ mod tests {
             )],
             rows: vec![one_row(map, "vfio_pin_map_dma", 1, 8_000_000)],
             samples: vec![
-                RawSample { slot: sampled, kernel: vec![0x2010, 0x1010], count: 3 },
-                RawSample { slot: sampled, kernel: vec![0x1020], count: 1 },
+                RawSample {
+                    slot: sampled,
+                    kernel: vec![0x2010, 0x1010],
+                    count: 3,
+                },
+                RawSample {
+                    slot: sampled,
+                    kernel: vec![0x1020],
+                    count: 1,
+                },
             ],
         };
         let symbols = KernelSymbols::from_pairs(vec![

@@ -334,7 +334,10 @@ impl Session {
         // Warm up and discard: first touches of fresh (or freshly reserved) memory are many
         // times slower and would make every first iteration an outlier.
         let mut runs = PassRuns::new();
-        let scout = probes.as_deref_mut().filter(|_| self.opts.passes.contains(&Pass::Exact)).zip(cost);
+        let scout = probes
+            .as_deref_mut()
+            .filter(|_| self.opts.passes.contains(&Pass::Exact))
+            .zip(cost);
         let demotion = match self.warm_up(&workload, dma.as_mut(), scout, control)? {
             Ok(d) => d,
             Err(e) => {
@@ -383,7 +386,7 @@ impl Session {
 
     /// Runs the discarded warm-up iteration and, before an exact pass with a calibrated probe
     /// cost (`scout`), a discarded scout iteration with every row attached: the rows whose hits
-    /// would cost the map or unmap phase more than it can carry are demoted for this case.
+    /// would cost a syscall phase more than it can carry are demoted for this case.
     fn warm_up(
         &self,
         workload: &Workload,

@@ -72,6 +72,12 @@ impl Phase {
         matches!(self, Phase::Map | Phase::Unmap)
     }
 
+    /// Whether the phase is one system call, so that all its kernel time is syscall time
+    /// (touch is page faults taken from user space).
+    pub fn is_syscall(self) -> bool {
+        self != Phase::Touch
+    }
+
     /// Position in [`PHASES`].
     pub fn index(self) -> usize {
         PHASES.iter().position(|p| *p == self).unwrap_or(0)
