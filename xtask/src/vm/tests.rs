@@ -850,6 +850,10 @@ fn attribution(c: &Ctx) -> Outcome {
         Ok(note) => notes.push(note),
         Err(e) => problems.push(e),
     }
+    match demotion_check(&r) {
+        Ok(note) => notes.push(note),
+        Err(e) => problems.push(e),
+    }
     // Mixed mechanisms: vmlinux rows by fentry/fexit, module rows by kprobe/kretprobe, one
     // accounting (the call counts above and below come through both).
     let probes = r["probes"].as_array().cloned().unwrap_or_default();
@@ -1012,6 +1016,54 @@ fn tracepoint_case(dir: &Path, name: &str, same_calls: bool) -> Result<String, S
     } else {
         Err(format!("ftrace and dmaprof disagree: {note}"))
     }
+}
+
+/// Compat type1 maps a 2 MiB hugetlb buffer 4 KiB at a time (65536 `iommu_map` calls for 256
+/// MiB): the scout demotes those rows, the demoted row keeps the scout's count, its time is
+/// split by samples, and exact and sampled then agree within 10 points per category.
+fn demotion_check(r: &Value) -> Result<String, String> {
+    let name = "iommufd_compat_type1_anonymous_hugetlb_2mb.none";
+    let c = case(r, name)?;
+    let map = phase(c, "map")?;
+    let demoted: Vec<&str> = c["demoted"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|d| d["function"].as_str())
+        .collect();
+    let row = map["exact"]["rows"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|r| r["function"] == "iommu_map")
+        .ok_or(format!("{name} map has no iommu_map row"))?;
+    if !demoted.contains(&"iommu_map") || row["demoted"] != true || ns(&row["calls"]) != 65536.0 {
+        return Err(format!(
+            "{name}: iommu_map not demoted with the scout's 65536 calls (demoted {demoted:?}, row {row})"
+        ));
+    }
+    let e = &map["exact"];
+    if ns(&e["split_ns"]) <= 0.0 {
+        return Err(format!("{name}: nothing of the map was split by samples"));
+    }
+    let wall = (ns(&e["wall_ns"]) - ns(&e["probe_overhead_ns"])).max(1.0);
+    let samples = ns(&map["sampled"]["samples"]);
+    let worst = [
+        "zeroing",
+        "faulting",
+        "pinning",
+        "iommu_map",
+        "iommu_flush",
+        "accounting",
+    ]
+    .iter()
+    .map(|k| (ns(&e["categories"][*k]) / wall - ns(&map["sampled"]["categories"][*k])).abs() * 100.0)
+    .fold(0.0, f64::max);
+    let note = format!("{name} map: demoted {demoted:?}, exact vs sampled within {worst:.1} pp at {samples} samples");
+    if samples >= 1000.0 && worst > 10.0 {
+        return Err(format!("exact and sampled disagree: {note}"));
+    }
+    Ok(note)
 }
 
 /// The start-up calibration measured both mechanisms (a cost, and an own share in 0..1), and
