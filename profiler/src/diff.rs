@@ -3,7 +3,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     fmt::Write as _,
-    path::Path,
+    path::{Path, PathBuf},
 };
 
 use serde::{Deserialize, Serialize};
@@ -11,8 +11,9 @@ use serde::{Deserialize, Serialize};
 use crate::{
     category::{CATEGORIES, Category},
     flamegraph::{self, Folded},
-    report::{PhaseReport, Report},
+    report::{self, PhaseReport, ReadError, Report},
     size::HumanSize,
+    sys,
     table::ms,
     workload::Phase,
 };
@@ -308,6 +309,65 @@ pub fn write_flamegraphs(
     Ok(written)
 }
 
+/// Why `dmaprof diff` could not compare two runs.
+#[derive(Debug, thiserror::Error)]
+pub enum DiffError {
+    /// A report could not be read (exit code 2: the user named the wrong file).
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    /// The differential flamegraphs could not be written.
+    #[error("writing differential flamegraphs into {}", dir.display())]
+    Flamegraphs {
+        /// Where they were to go.
+        dir: PathBuf,
+        /// What failed.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl DiffError {
+    /// Whether the user should fix their command line (exit code 2) rather than the system.
+    pub fn is_usage(&self) -> bool {
+        matches!(self, Self::Read(_))
+    }
+}
+
+/// `dmaprof diff`: reads both reports, compares them and writes the differential flamegraphs
+/// into `dir` (default `dmaprof-out/diff-<timestamp>`). Returns the comparison and its table,
+/// which ends with where the flamegraphs went.
+pub fn compare_files(before: &Path, after: &Path, dir: Option<PathBuf>) -> Result<(RunDiff, String), DiffError> {
+    let (a, b) = (report::read(before)?, report::read(after)?);
+    let d = diff(&a, &b);
+    let dir = dir.unwrap_or_else(|| Path::new("dmaprof-out").join(format!("diff-{}", sys::timestamp())));
+    let written = write_flamegraphs(&d, (&a, before), (&b, after), &dir).map_err(|source| DiffError::Flamegraphs {
+        dir: dir.clone(),
+        source,
+    })?;
+    let text = render_diff(&d) + &format!("\n{written} differential flamegraphs in {}\n", dir.display());
+    Ok((d, text))
+}
+
+/// The regression gate of `diff --fail-above PCT [--phase P]`: a line for each phase that got
+/// significantly slower by more than PCT (none without a PCT). Any line means exit code 1.
+pub fn gate(d: &RunDiff, fail_above: Option<f64>, phase: Option<Phase>) -> Vec<String> {
+    let Some(pct) = fail_above else {
+        return Vec::new();
+    };
+    regressions(d, pct, phase)
+        .iter()
+        .map(|p| {
+            format!(
+                "regression: {} {} x{:.2} ({:+.1}%), above {pct}%",
+                p.case,
+                p.phase.name(),
+                p.ratio.unwrap_or(0.0),
+                p.delta_pct
+            )
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -345,6 +405,11 @@ mod tests {
         assert_eq!(names(regressions(&d, 3.0, None)), vec![Phase::Map, Phase::Unmap]);
         assert_eq!(names(regressions(&d, 3.0, Some(Phase::Unmap))), vec![Phase::Unmap]);
         assert!(regressions(&d, 30.0, None).is_empty());
+        assert_eq!(
+            gate(&d, Some(10.0), None),
+            ["regression: c map x1.25 (+25.0%), above 10%"]
+        );
+        assert!(gate(&d, None, None).is_empty(), "no threshold, no gate");
     }
 
     #[test]
