@@ -603,18 +603,32 @@ mod tests {
         assert!(call_costs(&rows, Some(&fentry_only), None).is_none());
     }
 
-    #[test]
-    fn a_synthetic_case_adds_up() {
-        let w = Workload {
-            case: Case {
-                mode: Some(DmaMode::VfioType1Iommu),
-                backing: Backing::Anonymous,
-                prefault: Prefault::None,
-            },
-            size: "1M".parse().unwrap(),
-            thp: crate::matrix::Thp::System,
-        };
-        // Two untraced iterations, one exact (slot iteration 0), one sampled (slot iteration 1).
+    /// What one synthetic 1 MiB type1 case measured: two untraced iterations, one exact (slot
+    /// iteration 0), one sampled (slot iteration 1).
+    struct Synthetic {
+        workload: Workload,
+        runs: PassRuns,
+        drained: Drained,
+        symbols: KernelSymbols,
+        rows: [(usize, AttachedBy); 2],
+        coverage: Coverage,
+    }
+
+    impl Synthetic {
+        fn input(&self) -> CaseInput<'_> {
+            CaseInput {
+                workload: &self.workload,
+                runs: &self.runs,
+                drained: &self.drained,
+                symbols: Some(&self.symbols),
+                rows: &self.rows,
+                coverage: &self.coverage,
+                cost: None,
+            }
+        }
+    }
+
+    fn synthetic_runs() -> PassRuns {
         let untraced = |map| vec![run(Phase::Mmap, 999_999), run(Phase::Map, map), run(Phase::Unmap, 50)];
         let mut runs = PassRuns::new();
         runs.insert(Pass::Untraced, vec![(0, untraced(900_000)), (1, untraced(1_100_000))]);
@@ -623,8 +637,17 @@ mod tests {
             vec![(0, vec![run(Phase::Mmap, 100), run(Phase::Map, 1_000_000)])],
         );
         runs.insert(Pass::Sampled, vec![(1, vec![run(Phase::Map, 2_000_000)])]);
+        runs
+    }
+
+    fn synthetic_drained() -> Drained {
         let map = slot(0, Phase::Map);
-        let drained = Drained {
+        let sample = |kernel: Vec<u64>, count| RawSample {
+            slot: slot(1, Phase::Map),
+            kernel,
+            count,
+        };
+        Drained {
             counters: vec![(
                 map,
                 PhaseCounters {
@@ -633,51 +656,58 @@ mod tests {
                     ..Default::default()
                 },
             )],
-            samples: vec![
-                RawSample {
-                    slot: slot(1, Phase::Map),
-                    kernel: vec![0x2010, 0x1010],
-                    count: 2,
-                },
-                RawSample {
-                    slot: slot(1, Phase::Map),
-                    kernel: vec![],
-                    count: 1,
-                },
-            ],
+            samples: vec![sample(vec![0x2010, 0x1010], 2), sample(vec![], 1)],
             rows: vec![
                 (map, row("pin_user_pages_remote"), stats(500)),
                 (map, row("iommu_map"), stats(300)),
             ],
-        };
-        let symbols = KernelSymbols::from_pairs(vec![
-            (0x1000, "vfio_pin_pages_remote".into()),
-            (0x2000, "pin_user_pages_remote".into()),
-        ]);
-        let rows = [
-            (row("pin_user_pages_remote"), AttachedBy::Fentry),
-            (row("iommu_map"), AttachedBy::Kprobe),
-        ];
-        let coverage = Coverage {
-            exact: Ok(()),
-            syscalls: true,
-            cpu_faults: false,
-            samples: true,
-        };
-        let input = CaseInput {
-            workload: &w,
-            runs: &runs,
-            drained: &drained,
-            symbols: Some(&symbols),
-            rows: &rows,
-            coverage: &coverage,
-            cost: None,
-        };
-        let out = case_report(&input);
-        let p = out.report.phases.iter().find(|p| p.name == Phase::Map).unwrap();
+        }
+    }
+
+    fn synthetic() -> Synthetic {
+        Synthetic {
+            workload: Workload {
+                case: Case {
+                    mode: Some(DmaMode::VfioType1Iommu),
+                    backing: Backing::Anonymous,
+                    prefault: Prefault::None,
+                },
+                size: "1M".parse().unwrap(),
+                thp: crate::matrix::Thp::System,
+            },
+            runs: synthetic_runs(),
+            drained: synthetic_drained(),
+            symbols: KernelSymbols::from_pairs(vec![
+                (0x1000, "vfio_pin_pages_remote".into()),
+                (0x2000, "pin_user_pages_remote".into()),
+            ]),
+            rows: [
+                (row("pin_user_pages_remote"), AttachedBy::Fentry),
+                (row("iommu_map"), AttachedBy::Kprobe),
+            ],
+            coverage: Coverage {
+                exact: Ok(()),
+                syscalls: true,
+                cpu_faults: false,
+                samples: true,
+            },
+        }
+    }
+
+    fn phase_of(out: &CaseOutput, phase: Phase) -> &PhaseReport {
+        out.report.phases.iter().find(|p| p.name == phase).unwrap()
+    }
+
+    #[test]
+    fn a_synthetic_case_adds_up() {
+        let out = case_report(&synthetic().input());
+        let p = phase_of(&out, Phase::Map);
         let e = &p.exact;
-        let mmap = out.report.phases.iter().find(|p| p.name == Phase::Mmap).unwrap();
-        assert_eq!(mmap.gib_per_s, 0.0, "a mmap that populates nothing moves no memory");
+        assert_eq!(
+            phase_of(&out, Phase::Mmap).gib_per_s,
+            0.0,
+            "a mmap that populates nothing moves no memory"
+        );
         assert!(p.gib_per_s > 0.0);
         assert_eq!(e.categories[&Category::Pinning], 500);
         assert_eq!(e.categories[&Category::IommuMap], 300);
@@ -691,6 +721,17 @@ mod tests {
         let mech = |f: &str| e.rows.iter().find(|r| r.function == f).unwrap().mechanism;
         assert_eq!(mech("pin_user_pages_remote"), AttachedBy::Fentry);
         assert_eq!(mech("iommu_map"), AttachedBy::Kprobe);
+        assert_eq!(p.exact.wall_ns, 1_000_000, "the exact pass's own iteration");
+        assert_eq!(out.summary.stacks["map;cat:pinning;pin_user_pages_remote"], 500);
+        assert_eq!(out.summary.stacks["map;[unattributed]"], 100);
+        assert_eq!(out.report.map_ioctl.as_deref(), Some("VFIO_IOMMU_MAP_DMA"));
+        assert!(out.report.phases.iter().all(|p| p.name != Phase::Touch));
+    }
+
+    #[test]
+    fn a_synthetic_case_has_samples_and_pass_ratios() {
+        let out = case_report(&synthetic().input());
+        let p = phase_of(&out, Phase::Map);
         assert_eq!(p.sampled.samples, 3);
         assert!((p.sampled.categories[&Category::Pinning] - 2.0 / 3.0).abs() < 1e-9);
         assert!((p.sampled.categories[&Category::User] - 1.0 / 3.0).abs() < 1e-9);
@@ -701,7 +742,6 @@ mod tests {
         let exact = p.passes[&Pass::Exact].ratio.unwrap();
         assert!((exact.median - 1.0).abs() < 1e-9 && (exact.low - 1.0 / 1.1).abs() < 1e-9);
         assert!((p.passes[&Pass::Sampled].ratio.unwrap().median - 2.0).abs() < 1e-9);
-        assert_eq!(p.exact.wall_ns, 1_000_000, "the exact pass's own iteration");
         // Not measured is absent, not zero; a phase under 1 ms untraced gets no ratio.
         assert_eq!(p.counters.cpu_faults, None);
         assert!(p.kernel_ns.is_some());
@@ -709,23 +749,22 @@ mod tests {
             (p.kernel_share.unwrap() - 0.9999).abs() < 1e-9,
             "syscall time over the exact pass's own wall"
         );
+        let mmap = phase_of(&out, Phase::Mmap);
         assert_eq!(mmap.kernel_share, Some(0.0), "no syscall time counted in that slot");
-        let mmap = out.report.phases.iter().find(|p| p.name == Phase::Mmap).unwrap();
         assert_eq!(mmap.passes[&Pass::Exact].ratio, None);
-        assert_eq!(out.report.map_ioctl.as_deref(), Some("VFIO_IOMMU_MAP_DMA"));
         let (_, f) = out.folded.iter().find(|(ph, _)| *ph == Phase::Map).unwrap();
         assert_eq!(f.stacks["map;vfio_pin_pages_remote;pin_user_pages_remote"], 2);
         assert_eq!(f.stacks["map;[user]"], 1);
-        assert_eq!(out.summary.stacks["map;cat:pinning;pin_user_pages_remote"], 500);
-        assert_eq!(out.summary.stacks["map;[unattributed]"], 100);
-        assert!(out.report.phases.iter().all(|p| p.name != Phase::Touch));
-        // Without probes nothing but wall time is claimed.
-        let none = Coverage::none("--no-trace");
-        let out = case_report(&CaseInput {
-            coverage: &none,
-            ..input
-        });
-        let p = out.report.phases.iter().find(|p| p.name == Phase::Map).unwrap();
+    }
+
+    #[test]
+    fn without_probes_only_wall_time_is_claimed() {
+        let s = Synthetic {
+            coverage: Coverage::none("--no-trace"),
+            ..synthetic()
+        };
+        let out = case_report(&s.input());
+        let p = phase_of(&out, Phase::Map);
         assert!(!p.exact.available && p.exact.categories.is_empty() && p.exact.rows.is_empty());
         assert_eq!(p.exact.unavailable.as_deref(), Some("--no-trace"));
         assert!(p.folded.is_none() && p.flamegraph.is_none() && p.kernel_ns.is_none());

@@ -32,17 +32,26 @@ fn main() -> ExitCode {
     STARTED.get_or_init(Instant::now);
     let cli = match Cli::try_parse() {
         Ok(c) => c,
-        Err(e) if !e.use_stderr() => {
-            let _ = e.print();
-            return ExitCode::SUCCESS;
-        }
+        // --help and --version succeed; anything else is clap's whole message: what is wrong,
+        // the allowed values, the usage line.
         Err(e) => {
-            // clap's whole message: what is wrong, the allowed values, the usage line.
             let _ = e.print();
-            return ExitCode::from(2);
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
         }
     };
-    let result = match cli.command {
+    dispatch(cli.command).unwrap_or_else(|e| {
+        let usage = e.downcast_ref::<RunError>().is_some_and(RunError::is_usage)
+            || e.downcast_ref::<diff::DiffError>()
+                .is_some_and(diff::DiffError::is_usage)
+            || e.downcast_ref::<report::ReadError>().is_some();
+        eprintln!("dmaprof: {e:#}");
+        ExitCode::from(if usage { 2 } else { 1 })
+    })
+}
+
+/// Runs the subcommand; its errors are mapped to exit codes by `main`.
+fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
+    match command {
         Command::Doctor {
             json: as_json,
             leftovers: true,
@@ -100,15 +109,7 @@ fn main() -> ExitCode {
                 ExitCode::from(u8::from(!slower.is_empty()))
             }),
         Command::Run(args) => run_command(&args),
-    };
-    result.unwrap_or_else(|e| {
-        let usage = e.downcast_ref::<RunError>().is_some_and(RunError::is_usage)
-            || e.downcast_ref::<diff::DiffError>()
-                .is_some_and(diff::DiffError::is_usage)
-            || e.downcast_ref::<report::ReadError>().is_some();
-        eprintln!("dmaprof: {e:#}");
-        ExitCode::from(if usage { 2 } else { 1 })
-    })
+    }
 }
 
 fn run_command(args: &RunArgs) -> anyhow::Result<ExitCode> {
