@@ -1,5 +1,5 @@
-//! The one attach path, in the manner of retsnoop's mass attacher: **plan** (which probe-table
-//! rows this kernel has and which mechanism each gets) -> **load** (the embedded BPF object,
+//! The one attach path, every probe attached as one thing in four steps: **plan** (which
+//! probe-table rows this kernel has and which mechanism each gets) -> **load** (the embedded BPF object,
 //! with the workload thread's id) -> **attach** (fentry/fexit where the kernel allows it,
 //! kprobe/kretprobe otherwise; tracepoints; the sampler) -> **activate** ([`Probes`], whose
 //! phase switch starts recording). `run` and `doctor` both go through it.
