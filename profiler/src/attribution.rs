@@ -48,7 +48,7 @@ pub type PassRuns = BTreeMap<Pass, Vec<(u32, Vec<PhaseRun>)>>;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Coverage {
     /// Exact attribution: Ok when some probe-table row attached, else why not.
-    pub exact: Result<(), String>,
+    pub exact: Result<(), NoExact>,
     /// Syscall time and counts (raw_syscalls tracepoints).
     pub syscalls: bool,
     /// CPU page faults (exceptions:page_fault_user).
@@ -57,11 +57,26 @@ pub struct Coverage {
     pub samples: bool,
 }
 
+/// Why a run has no exact attribution (report.json's `exact.unavailable` has it in words).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NoExact {
+    /// No traced pass ran, so no probe was loaded.
+    #[error("no traced pass (--no-trace or --passes untraced): no probe was loaded")]
+    NotLoaded,
+    /// The probes were loaded for the sampled pass only.
+    #[error("the exact pass was not run (--passes)")]
+    NotRun,
+    /// No probe-table row attached; the kernel's reason for the first refused row, in its
+    /// words (it comes from the attach status, a message for people).
+    #[error("no probe-table row attached: {0}")]
+    NoRow(String),
+}
+
 impl Coverage {
-    /// Nothing measured but wall time and getrusage, for `why`.
-    pub fn none(why: &str) -> Self {
+    /// Nothing measured but wall time and getrusage: no probe was loaded.
+    pub fn none() -> Self {
         Self {
-            exact: Err(why.to_owned()),
+            exact: Err(NoExact::NotLoaded),
             syscalls: false,
             cpu_faults: false,
             samples: false,
@@ -73,7 +88,7 @@ impl Coverage {
     pub fn of(status: &[ProbeStatus], passes: &[Pass]) -> Self {
         let mut c = Self::attached(status);
         if !passes.contains(&Pass::Exact) {
-            c.exact = Err("the exact pass was not run (--passes)".into());
+            c.exact = Err(NoExact::NotRun);
             (c.syscalls, c.cpu_faults) = (false, false);
         }
         c.samples &= passes.contains(&Pass::Sampled);
@@ -92,7 +107,7 @@ impl Coverage {
                 .find(|e| !e.starts_with("not in /proc/kallsyms"))
                 .or_else(|| errors().next())
                 .unwrap_or("no probe-table row attached");
-            Err(format!("no probe-table row attached: {why}"))
+            Err(NoExact::NoRow(why.to_owned()))
         };
         Self {
             exact,
@@ -163,7 +178,7 @@ fn exact_breakdown(phase: Phase, exact: &[(u32, &PhaseRun)], input: &CaseInput, 
     if let Err(why) = &input.coverage.exact {
         return Exact {
             available: false,
-            unavailable: Some(why.clone()),
+            unavailable: Some(why.to_string()),
             ..Exact::default()
         };
     }
@@ -760,13 +775,16 @@ mod tests {
     #[test]
     fn without_probes_only_wall_time_is_claimed() {
         let s = Synthetic {
-            coverage: Coverage::none("--no-trace"),
+            coverage: Coverage::none(),
             ..synthetic()
         };
         let out = case_report(&s.input());
         let p = phase_of(&out, Phase::Map);
         assert!(!p.exact.available && p.exact.categories.is_empty() && p.exact.rows.is_empty());
-        assert_eq!(p.exact.unavailable.as_deref(), Some("--no-trace"));
+        assert_eq!(
+            p.exact.unavailable.as_deref(),
+            Some("no traced pass (--no-trace or --passes untraced): no probe was loaded")
+        );
         assert!(p.folded.is_none() && p.flamegraph.is_none() && p.kernel_ns.is_none());
         assert!(out.report.summary_flamegraph.is_none());
     }
@@ -796,11 +814,13 @@ mod tests {
             st("cpu-clock@99Hz", AttachedBy::PerfEvent, true, None),
         ];
         let c = Coverage::of(&status, &[Pass::Untraced, Pass::Exact, Pass::Sampled]);
-        assert!(c.exact.unwrap_err().contains("kernel has no kprobes"));
+        assert_eq!(c.exact, Err(NoExact::NoRow("kernel has no kprobes".into())));
         assert!(c.syscalls && c.samples && !c.cpu_faults);
         // What a pass that did not run would have measured is not claimed.
         let c = Coverage::of(&status, &[Pass::Untraced, Pass::Sampled]);
-        assert!(c.exact.unwrap_err().contains("--passes") && !c.syscalls && c.samples);
+        assert_eq!(c.exact, Err(NoExact::NotRun));
+        assert!(!c.syscalls && c.samples);
+        assert_eq!(NoExact::NotRun.to_string(), "the exact pass was not run (--passes)");
     }
 
     #[test]

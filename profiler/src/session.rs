@@ -145,7 +145,7 @@ impl Session {
         };
         let coverage = match &probes {
             Some(p) => Coverage::of(&p.status, &self.opts.passes),
-            None => Coverage::none("no traced pass (--no-trace or --passes untraced): no probe was loaded"),
+            None => Coverage::none(),
         };
         if let (Err(why), Some(_)) = (&coverage.exact, &probes) {
             eprintln!("dmaprof: exact attribution unavailable: {why}");
