@@ -404,7 +404,7 @@ impl<'a> SlotObserver<'a> {
 
 impl PhaseObserver for SlotObserver<'_> {
     fn begin(&mut self, phase: Phase) {
-        self.control.enter(Stage::Phase(self.case.clone(), phase.name()));
+        self.control.enter(Stage::Phase(self.case.clone(), phase));
         let slot = attribution::slot(self.iteration, phase);
         if let Some(Err(e)) = self.probes.as_mut().map(|p| p.set_phase(slot)) {
             self.error.get_or_insert(e);

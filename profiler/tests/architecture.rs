@@ -86,6 +86,7 @@ fn no_module_imports_one_that_imports_it_back() {
     }
     assert!(deps["category"].is_empty(), "the category table depends on nothing");
     assert!(deps["facts"].is_empty(), "the shared fact types depend on nothing");
+    assert!(deps["phase"].is_empty(), "the phase names depend on nothing");
 }
 
 #[test]
