@@ -368,7 +368,7 @@ impl Session {
             return Err(CaseError::Skip("needs a VFIO device".into()));
         };
         let (memfd, page) = (case.backing.memfd(), case.backing.page_size());
-        DmaContext::open(mode, dev, memfd, self.opts.size.bytes(), page)
+        DmaContext::open(mode, dev, memfd, self.opts.size, page)
             .map(Some)
             .map_err(|e| CaseError::Fail(e.to_string()))
     }

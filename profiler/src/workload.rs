@@ -223,8 +223,8 @@ impl Iteration<'_> {
 
     fn map_unmap(&mut self, ctx: &mut DmaContext) -> Result<(), WorkloadError> {
         self.timed(Phase::Map, |buf| {
-            let (addr, len) = buf.addr.expect("mapped before the DMA map");
-            ctx.map(addr as u64, len as u64, buf.fd).map_err(WorkloadError::Dma)
+            let (addr, _) = buf.addr.expect("mapped before the DMA map");
+            ctx.map(addr as u64, buf.fd).map_err(WorkloadError::Dma)
         })?;
         self.timed(Phase::Unmap, |_| ctx.unmap().map(drop).map_err(WorkloadError::Dma))
     }
