@@ -50,7 +50,7 @@ pub type PassRuns = BTreeMap<Pass, Vec<(u32, Vec<PhaseRun>)>>;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Coverage {
     /// Exact attribution: Ok when some probe-table row attached, else why not.
-    pub exact: Result<(), String>,
+    pub exact: Result<(), NoExact>,
     /// Syscall time and counts (raw_syscalls tracepoints).
     pub syscalls: bool,
     /// CPU page faults (exceptions:page_fault_user).
@@ -59,11 +59,26 @@ pub struct Coverage {
     pub samples: bool,
 }
 
+/// Why a run has no exact attribution (report.json's `exact.unavailable` has it in words).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NoExact {
+    /// No traced pass ran, so no probe was loaded.
+    #[error("no traced pass (--no-trace or --passes untraced): no probe was loaded")]
+    NotLoaded,
+    /// The probes were loaded for the sampled pass only.
+    #[error("the exact pass was not run (--passes)")]
+    NotRun,
+    /// No probe-table row attached; the kernel's reason for the first refused row, in its
+    /// words (it comes from the attach status, a message for people).
+    #[error("no probe-table row attached: {0}")]
+    NoRow(String),
+}
+
 impl Coverage {
-    /// Nothing measured but wall time and getrusage, for `why`.
-    pub fn none(why: &str) -> Self {
+    /// Nothing measured but wall time and getrusage: no probe was loaded.
+    pub fn none() -> Self {
         Self {
-            exact: Err(why.to_owned()),
+            exact: Err(NoExact::NotLoaded),
             syscalls: false,
             cpu_faults: false,
             samples: false,
@@ -75,7 +90,7 @@ impl Coverage {
     pub fn of(status: &[ProbeStatus], passes: &[Pass]) -> Self {
         let mut c = Self::attached(status);
         if !passes.contains(&Pass::Exact) {
-            c.exact = Err("the exact pass was not run (--passes)".into());
+            c.exact = Err(NoExact::NotRun);
             (c.syscalls, c.cpu_faults) = (false, false);
         }
         c.samples &= passes.contains(&Pass::Sampled);
@@ -94,7 +109,7 @@ impl Coverage {
                 .find(|e| !e.starts_with("not in /proc/kallsyms"))
                 .or_else(|| errors().next())
                 .unwrap_or("no probe-table row attached");
-            Err(format!("no probe-table row attached: {why}"))
+            Err(NoExact::NoRow(why.to_owned()))
         };
         Self {
             exact,
@@ -326,7 +341,7 @@ fn exact_breakdown(
     if let Err(why) = &input.coverage.exact {
         return Exact {
             available: false,
-            unavailable: Some(why.clone()),
+            unavailable: Some(why.to_string()),
             ..Exact::default()
         };
     }
@@ -358,42 +373,7 @@ fn exact_breakdown(
     let costs = call_costs(&rows, input.cost, measured);
     let calibrated = calibrated_total(&rows, input.cost).map(|t| t as u64);
     let unprobed_overhead = costs.as_ref().map_or(0, |k| charge_overhead(&mut rows, k, unprobed));
-    let mut categories: BTreeMap<Category, u64> = CATEGORIES
-        .iter()
-        .filter(|c| **c != Category::User)
-        .map(|c| (*c, 0))
-        .collect();
-    let owned = |row: Option<usize>| owners.and_then(|o| o.get(&row));
-    let mut split_ns = 0;
-    for r in &mut rows {
-        let net = r.exclusive_ns - r.overhead_ns;
-        match owned(PROBE_TABLE.iter().position(|t| t.function == r.function)) {
-            Some(counts) => {
-                r.by_samples = split(net, counts);
-                split_ns += net;
-                for (c, ns) in &r.by_samples {
-                    *categories
-                        .entry(crate::category::in_phase(*c, phase.is_dma()))
-                        .or_default() += ns;
-                }
-            }
-            None => *categories.entry(r.category).or_default() += net,
-        }
-    }
-    // Syscall time that no probed row covered is the syscall's own work: `other` (or, where
-    // demoted rows' time is in it, what the stacks no attached row is on say).
-    let unprobed_net = unprobed - unprobed_overhead;
-    match owned(None) {
-        Some(counts) => {
-            split_ns += unprobed_net;
-            for (c, ns) in split(unprobed_net, counts) {
-                *categories
-                    .entry(crate::category::in_phase(c, phase.is_dma()))
-                    .or_default() += ns;
-            }
-        }
-        None => *categories.entry(Category::Other).or_default() += unprobed_net,
-    }
+    let (categories, split_ns) = categorise(&mut rows, unprobed - unprobed_overhead, owners, phase);
     let probe_overhead_ns = costs.map(|_| rows.iter().map(|r| r.overhead_ns).sum::<u64>() + unprobed_overhead);
     let sum: u64 = categories.values().sum::<u64>() + probe_overhead_ns.unwrap_or(0);
     let probe_hits = rows.iter().map(|r| r.calls).sum();
@@ -414,6 +394,53 @@ fn exact_breakdown(
         lost_events: c.stack_overflow + c.unmatched_exit,
         split_ns,
     }
+}
+
+/// The exact categories of one phase: each row's exclusive time less probe cost under its
+/// category, or split by the samples it owns where demoted rows' time is in it (likewise the
+/// unprobed syscall time `unprobed_net`). Returns them and how much was split.
+fn categorise(
+    rows: &mut [ExactRow],
+    unprobed_net: u64,
+    owners: Option<&BTreeMap<Option<usize>, CategoryCounts>>,
+    phase: Phase,
+) -> (BTreeMap<Category, u64>, u64) {
+    let mut categories: BTreeMap<Category, u64> = CATEGORIES
+        .iter()
+        .filter(|c| **c != Category::User)
+        .map(|c| (*c, 0))
+        .collect();
+    let owned = |row: Option<usize>| owners.and_then(|o| o.get(&row));
+    let mut split_ns = 0;
+    for r in rows.iter_mut() {
+        let net = r.exclusive_ns - r.overhead_ns;
+        match owned(PROBE_TABLE.iter().position(|t| t.function == r.function)) {
+            Some(counts) => {
+                r.by_samples = split(net, counts);
+                split_ns += net;
+                for (c, ns) in &r.by_samples {
+                    *categories
+                        .entry(crate::category::in_phase(*c, phase.is_dma()))
+                        .or_default() += ns;
+                }
+            }
+            None => *categories.entry(r.category).or_default() += net,
+        }
+    }
+    // Syscall time that no probed row covered is the syscall's own work: `other` (or, where
+    // demoted rows' time is in it, what the stacks no attached row is on say).
+    match owned(None) {
+        Some(counts) => {
+            split_ns += unprobed_net;
+            for (c, ns) in split(unprobed_net, counts) {
+                *categories
+                    .entry(crate::category::in_phase(c, phase.is_dma()))
+                    .or_default() += ns;
+            }
+        }
+        None => *categories.entry(Category::Other).or_default() += unprobed_net,
+    }
+    (categories, split_ns)
 }
 
 /// The demoted rows of `phase` as the warm-up iteration counted them, with no time of their
@@ -836,18 +863,34 @@ mod tests {
         assert!(call_costs(&rows, Some(&fentry_only), None).is_none());
     }
 
-    #[test]
-    fn a_synthetic_case_adds_up() {
-        let w = Workload {
-            case: Case {
-                mode: Some(DmaMode::VfioType1Iommu),
-                backing: Backing::Anonymous,
-                prefault: Prefault::None,
-            },
-            size: "1M".parse().unwrap(),
-            thp: crate::matrix::Thp::System,
-        };
-        // Two untraced iterations, one exact (slot iteration 0), one sampled (slot iteration 1).
+    /// What one synthetic 1 MiB type1 case measured: two untraced iterations, one exact (slot
+    /// iteration 0), one sampled (slot iteration 1).
+    struct Synthetic {
+        workload: Workload,
+        runs: PassRuns,
+        drained: Drained,
+        symbols: KernelSymbols,
+        rows: [(usize, AttachedBy); 2],
+        coverage: Coverage,
+        demotion: Demotion,
+    }
+
+    impl Synthetic {
+        fn input(&self) -> CaseInput<'_> {
+            CaseInput {
+                workload: &self.workload,
+                runs: &self.runs,
+                drained: &self.drained,
+                symbols: Some(&self.symbols),
+                rows: &self.rows,
+                coverage: &self.coverage,
+                cost: None,
+                demotion: &self.demotion,
+            }
+        }
+    }
+
+    fn synthetic_runs() -> PassRuns {
         let untraced = |map| vec![run(Phase::Mmap, 999_999), run(Phase::Map, map), run(Phase::Unmap, 50)];
         let mut runs = PassRuns::new();
         runs.insert(Pass::Untraced, vec![(0, untraced(900_000)), (1, untraced(1_100_000))]);
@@ -856,8 +899,17 @@ mod tests {
             vec![(0, vec![run(Phase::Mmap, 100), run(Phase::Map, 1_000_000)])],
         );
         runs.insert(Pass::Sampled, vec![(1, vec![run(Phase::Map, 2_000_000)])]);
+        runs
+    }
+
+    fn synthetic_drained() -> Drained {
         let map = slot(0, Phase::Map);
-        let drained = Drained {
+        let sample = |kernel: Vec<u64>, count| RawSample {
+            slot: slot(1, Phase::Map),
+            kernel,
+            count,
+        };
+        Drained {
             counters: vec![(
                 map,
                 PhaseCounters {
@@ -866,52 +918,59 @@ mod tests {
                     ..Default::default()
                 },
             )],
-            samples: vec![
-                RawSample {
-                    slot: slot(1, Phase::Map),
-                    kernel: vec![0x2010, 0x1010],
-                    count: 2,
-                },
-                RawSample {
-                    slot: slot(1, Phase::Map),
-                    kernel: vec![],
-                    count: 1,
-                },
-            ],
+            samples: vec![sample(vec![0x2010, 0x1010], 2), sample(vec![], 1)],
             rows: vec![
                 (map, row("pin_user_pages_remote"), stats(500)),
                 (map, row("iommu_map"), stats(300)),
             ],
-        };
-        let symbols = KernelSymbols::from_pairs(vec![
-            (0x1000, "vfio_pin_pages_remote".into()),
-            (0x2000, "pin_user_pages_remote".into()),
-        ]);
-        let rows = [
-            (row("pin_user_pages_remote"), AttachedBy::Fentry),
-            (row("iommu_map"), AttachedBy::Kprobe),
-        ];
-        let coverage = Coverage {
-            exact: Ok(()),
-            syscalls: true,
-            cpu_faults: false,
-            samples: true,
-        };
-        let input = CaseInput {
-            workload: &w,
-            runs: &runs,
-            drained: &drained,
-            symbols: Some(&symbols),
-            rows: &rows,
-            coverage: &coverage,
-            cost: None,
-            demotion: &Demotion::default(),
-        };
-        let out = case_report(&input);
-        let p = out.report.phases.iter().find(|p| p.name == Phase::Map).unwrap();
+        }
+    }
+
+    fn synthetic() -> Synthetic {
+        Synthetic {
+            workload: Workload {
+                case: Case {
+                    mode: Some(DmaMode::VfioType1Iommu),
+                    backing: Backing::Anonymous,
+                    prefault: Prefault::None,
+                },
+                size: "1M".parse().unwrap(),
+                thp: crate::matrix::Thp::System,
+            },
+            runs: synthetic_runs(),
+            drained: synthetic_drained(),
+            symbols: KernelSymbols::from_pairs(vec![
+                (0x1000, "vfio_pin_pages_remote".into()),
+                (0x2000, "pin_user_pages_remote".into()),
+            ]),
+            rows: [
+                (row("pin_user_pages_remote"), AttachedBy::Fentry),
+                (row("iommu_map"), AttachedBy::Kprobe),
+            ],
+            coverage: Coverage {
+                exact: Ok(()),
+                syscalls: true,
+                cpu_faults: false,
+                samples: true,
+            },
+            demotion: Demotion::default(),
+        }
+    }
+
+    fn phase_of(out: &CaseOutput, phase: Phase) -> &PhaseReport {
+        out.report.phases.iter().find(|p| p.name == phase).unwrap()
+    }
+
+    #[test]
+    fn a_synthetic_case_adds_up() {
+        let out = case_report(&synthetic().input());
+        let p = phase_of(&out, Phase::Map);
         let e = &p.exact;
-        let mmap = out.report.phases.iter().find(|p| p.name == Phase::Mmap).unwrap();
-        assert_eq!(mmap.gib_per_s, 0.0, "a mmap that populates nothing moves no memory");
+        assert_eq!(
+            phase_of(&out, Phase::Mmap).gib_per_s,
+            0.0,
+            "a mmap that populates nothing moves no memory"
+        );
         assert!(p.gib_per_s > 0.0);
         assert_eq!(e.categories[&Category::Pinning], 500);
         assert_eq!(e.categories[&Category::IommuMap], 300);
@@ -925,6 +984,17 @@ mod tests {
         let mech = |f: &str| e.rows.iter().find(|r| r.function == f).unwrap().mechanism;
         assert_eq!(mech("pin_user_pages_remote"), AttachedBy::Fentry);
         assert_eq!(mech("iommu_map"), AttachedBy::Kprobe);
+        assert_eq!(p.exact.wall_ns, 1_000_000, "the exact pass's own iteration");
+        assert_eq!(out.summary.stacks["map;cat:pinning;pin_user_pages_remote"], 500);
+        assert_eq!(out.summary.stacks["map;[unattributed]"], 100);
+        assert_eq!(out.report.map_ioctl.as_deref(), Some("VFIO_IOMMU_MAP_DMA"));
+        assert!(out.report.phases.iter().all(|p| p.name != Phase::Touch));
+    }
+
+    #[test]
+    fn a_synthetic_case_has_samples_and_pass_ratios() {
+        let out = case_report(&synthetic().input());
+        let p = phase_of(&out, Phase::Map);
         assert_eq!(p.sampled.samples, 3);
         assert!((p.sampled.categories[&Category::Pinning] - 2.0 / 3.0).abs() < 1e-9);
         assert!((p.sampled.categories[&Category::User] - 1.0 / 3.0).abs() < 1e-9);
@@ -935,7 +1005,6 @@ mod tests {
         let exact = p.passes[&Pass::Exact].ratio.unwrap();
         assert!((exact.median - 1.0).abs() < 1e-9 && (exact.low - 1.0 / 1.1).abs() < 1e-9);
         assert!((p.passes[&Pass::Sampled].ratio.unwrap().median - 2.0).abs() < 1e-9);
-        assert_eq!(p.exact.wall_ns, 1_000_000, "the exact pass's own iteration");
         // Not measured is absent, not zero; a phase under 1 ms untraced gets no ratio.
         assert_eq!(p.counters.cpu_faults, None);
         assert!(p.kernel_ns.is_some());
@@ -943,25 +1012,27 @@ mod tests {
             (p.kernel_share.unwrap() - 0.9999).abs() < 1e-9,
             "syscall time over the exact pass's own wall"
         );
+        let mmap = phase_of(&out, Phase::Mmap);
         assert_eq!(mmap.kernel_share, Some(0.0), "no syscall time counted in that slot");
-        let mmap = out.report.phases.iter().find(|p| p.name == Phase::Mmap).unwrap();
         assert_eq!(mmap.passes[&Pass::Exact].ratio, None);
-        assert_eq!(out.report.map_ioctl.as_deref(), Some("VFIO_IOMMU_MAP_DMA"));
         let (_, f) = out.folded.iter().find(|(ph, _)| *ph == Phase::Map).unwrap();
         assert_eq!(f.stacks["map;vfio_pin_pages_remote;pin_user_pages_remote"], 2);
         assert_eq!(f.stacks["map;[user]"], 1);
-        assert_eq!(out.summary.stacks["map;cat:pinning;pin_user_pages_remote"], 500);
-        assert_eq!(out.summary.stacks["map;[unattributed]"], 100);
-        assert!(out.report.phases.iter().all(|p| p.name != Phase::Touch));
-        // Without probes nothing but wall time is claimed.
-        let none = Coverage::none("--no-trace");
-        let out = case_report(&CaseInput {
-            coverage: &none,
-            ..input
-        });
-        let p = out.report.phases.iter().find(|p| p.name == Phase::Map).unwrap();
+    }
+
+    #[test]
+    fn without_probes_only_wall_time_is_claimed() {
+        let s = Synthetic {
+            coverage: Coverage::none(),
+            ..synthetic()
+        };
+        let out = case_report(&s.input());
+        let p = phase_of(&out, Phase::Map);
         assert!(!p.exact.available && p.exact.categories.is_empty() && p.exact.rows.is_empty());
-        assert_eq!(p.exact.unavailable.as_deref(), Some("--no-trace"));
+        assert_eq!(
+            p.exact.unavailable.as_deref(),
+            Some("no traced pass (--no-trace or --passes untraced): no probe was loaded")
+        );
         assert!(p.folded.is_none() && p.flamegraph.is_none() && p.kernel_ns.is_none());
         assert!(out.report.summary_flamegraph.is_none());
     }
@@ -991,11 +1062,13 @@ mod tests {
             st("cpu-clock@99Hz", AttachedBy::PerfEvent, true, None),
         ];
         let c = Coverage::of(&status, &[Pass::Untraced, Pass::Exact, Pass::Sampled]);
-        assert!(c.exact.unwrap_err().contains("kernel has no kprobes"));
+        assert_eq!(c.exact, Err(NoExact::NoRow("kernel has no kprobes".into())));
         assert!(c.syscalls && c.samples && !c.cpu_faults);
         // What a pass that did not run would have measured is not claimed.
         let c = Coverage::of(&status, &[Pass::Untraced, Pass::Sampled]);
-        assert!(c.exact.unwrap_err().contains("--passes") && !c.syscalls && c.samples);
+        assert_eq!(c.exact, Err(NoExact::NotRun));
+        assert!(!c.syscalls && c.samples);
+        assert_eq!(NoExact::NotRun.to_string(), "the exact pass was not run (--passes)");
     }
 
     #[test]
@@ -1064,9 +1137,13 @@ mod tests {
                 .demoted
                 .is_empty()
         );
+        demoted_time_is_split_by_samples(&d, &attached);
+    }
 
-        // The exact pass without iommu_map: its time is in vfio_pin_map_dma, whose sampled
-        // stacks say 3 parts IOMMU mapping to 1 part its own.
+    /// The exact pass without iommu_map (demoted in `d`): its time is in vfio_pin_map_dma,
+    /// whose sampled stacks say 3 parts IOMMU mapping to 1 part its own.
+    fn demoted_time_is_split_by_samples(d: &Demotion, attached: &[(usize, AttachedBy)]) {
+        let map = slot(0, Phase::Map);
         let w = Workload {
             case: Case {
                 mode: Some(DmaMode::VfioType1Iommu),
@@ -1117,10 +1194,10 @@ mod tests {
             runs: &runs,
             drained: &drained,
             symbols: Some(&symbols),
-            rows: &attached,
+            rows: attached,
             coverage: &coverage,
             cost: None,
-            demotion: &d,
+            demotion: d,
         });
         let e = &out.report.phases.iter().find(|p| p.name == Phase::Map).unwrap().exact;
         assert_eq!(e.categories[&Category::IommuMap], 6_000_000);

@@ -1,10 +1,9 @@
 //! The BPF programs' own reports of rare events (an unbalanced call stack, a call stack deeper
 //! than the BPF side tracks, a full sample map), forwarded from aya-log-ebpf. They are counted
 //! in the report's counters either way; the text is shown with `--debug` (or `RUST_LOG=debug`).
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 static SHOW: AtomicBool = AtomicBool::new(false);
-static SEEN: AtomicU64 = AtomicU64::new(0);
 
 /// Shows forwarded records on stderr from now on.
 pub fn show(on: bool) {
@@ -16,11 +15,6 @@ pub fn rust_log_debug() -> bool {
     std::env::var("RUST_LOG").is_ok_and(|v| v.split(',').any(|d| d.ends_with("debug") || d.ends_with("trace")))
 }
 
-/// Records forwarded so far (shown or not).
-pub fn seen() -> u64 {
-    SEEN.load(Ordering::Relaxed)
-}
-
 /// The `log` sink the BPF records go to.
 pub struct BpfLog;
 
@@ -30,7 +24,6 @@ impl log::Log for BpfLog {
     }
 
     fn log(&self, record: &log::Record) {
-        SEEN.fetch_add(1, Ordering::Relaxed);
         if SHOW.load(Ordering::Relaxed) {
             eprintln!(
                 "dmaprof: bpf {}: {}",

@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use crate::{
-    loader::{CALIBRATION_SLOT, Probes},
+    loader::{AttachError, CALIBRATION_SLOT, Probes},
     probes::{AttachedBy, CallCost, ProbeCost},
     symbols::KernelSymbols,
 };
@@ -36,19 +36,37 @@ pub fn measure(probes: &mut Probes, symbols: &KernelSymbols, used: &[AttachedBy]
     cost
 }
 
+/// Why a mechanism's cost could not be measured (report.json's `probe_cost.errors` has it in
+/// words).
+#[derive(Debug, thiserror::Error)]
+enum CalibrationError {
+    /// Attaching, switching the phase or reading the row failed.
+    #[error(transparent)]
+    Probes(#[from] AttachError),
+    /// Fewer calls were caught than made: the function is not what getppid() reaches.
+    #[error("{seen} of {made} calls seen")]
+    Missed {
+        /// Calls the probe counted.
+        seen: u64,
+        /// Calls made.
+        made: u32,
+    },
+}
+
 /// The cost of a call caught by `by`, or why it could not be measured.
-fn one(probes: &mut Probes, symbols: &KernelSymbols, by: AttachedBy, base: f64) -> Result<CallCost, String> {
+fn one(probes: &mut Probes, symbols: &KernelSymbols, by: AttachedBy, base: f64) -> Result<CallCost, CalibrationError> {
     let result = (|| {
-        probes
-            .attach_calibration(symbols, FUNCTION, by)
-            .map_err(|e| e.to_string())?;
-        probes.set_phase(CALIBRATION_SLOT).map_err(|e| e.to_string())?;
+        probes.attach_calibration(symbols, FUNCTION, by)?;
+        probes.set_phase(CALIBRATION_SLOT)?;
         let traced = per_call_ns();
-        probes.set_phase(0).map_err(|e| e.to_string())?;
-        let st = probes.take_calibration_stats().map_err(|e| e.to_string())?;
+        probes.set_phase(0)?;
+        let st = probes.take_calibration_stats()?;
         // Every round's calls must have fired (fewer: the function is not what getppid() reaches).
         if st.calls < u64::from(CALLS * ROUNDS) {
-            return Err(format!("{} of {} calls seen", st.calls, CALLS * ROUNDS));
+            return Err(CalibrationError::Missed {
+                seen: st.calls,
+                made: CALLS * ROUNDS,
+            });
         }
         let ns = (traced - base).max(0.0);
         let own = st.inclusive_ns as f64 / st.calls as f64;

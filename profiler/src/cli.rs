@@ -38,7 +38,8 @@ impl Format {
     }
 }
 
-/// A percentage above zero (`--fail-above`).
+/// A percentage above zero (`--fail-above`). A clap value parser: the String is the message
+/// clap prints as the argument's error, nothing else reads it.
 fn percent(s: &str) -> Result<f64, String> {
     match s.trim_end_matches('%').parse::<f64>() {
         Ok(p) if p > 0.0 && p.is_finite() => Ok(p),

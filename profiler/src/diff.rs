@@ -3,7 +3,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     fmt::Write as _,
-    path::Path,
+    path::{Path, PathBuf},
 };
 
 use serde::{Deserialize, Serialize};
@@ -11,8 +11,9 @@ use serde::{Deserialize, Serialize};
 use crate::{
     category::{CATEGORIES, Category},
     flamegraph::{self, Folded},
-    report::{PhaseReport, Report},
+    report::{self, PhaseReport, ReadError, Report},
     size::HumanSize,
+    sys,
     table::ms,
     workload::Phase,
 };
@@ -38,7 +39,8 @@ pub struct PhaseDiff {
     /// Whether the change is outside both runs' spread (see [`significance`]).
     #[serde(default)]
     pub significant: bool,
-    /// Why it is not, when it is not.
+    /// Why it is not, when it is not: a [`Noise`] in words (the diff's JSON is read by people,
+    /// and keeps the words it always had).
     #[serde(default)]
     pub noise: Option<String>,
     /// Exact ns per category: (before, after, delta).
@@ -68,27 +70,44 @@ pub struct RunDiff {
 /// noise on a phase of microseconds is not a kernel change.
 pub const MIN_CHANGE_NS: u64 = 20_000;
 
+/// Why a change between two runs is noise, not a change (see [`significance`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Noise {
+    /// A run has fewer than two iterations.
+    #[error("fewer than 2 iterations: no spread to compare (-n 3 or more)")]
+    TooFewIterations,
+    /// The medians differ by less than [`MIN_CHANGE_NS`].
+    #[error("change under {} us", MIN_CHANGE_NS / 1000)]
+    TooSmall,
+    /// Some iteration of one run is as fast as some iteration of the other.
+    #[error("the two runs' ranges overlap")]
+    RangesOverlap,
+    /// The medians differ by less than one run's own range.
+    #[error("the change is within one run's own spread")]
+    WithinSpread,
+}
+
 /// Whether a phase changed: every iteration of one run is slower than every iteration of the
 /// other (the ranges do not overlap), the medians differ by more than either run's own range,
 /// and by at least [`MIN_CHANGE_NS`]. The second rule is there because two runs are two
 /// processes on different physical pages: the spread between runs is larger than the spread
 /// within one (two runs of the same case in the guest differed by 14% on a 2 ms unmap with
 /// ranges that just failed to overlap). With fewer than two iterations in either run nothing
-/// can be said. Returns the reason when it is noise.
-pub fn significance(before: &crate::report::Stats, after: &crate::report::Stats) -> Result<(), String> {
+/// can be said. Returns why it is noise when it is.
+pub fn significance(before: &crate::report::Stats, after: &crate::report::Stats) -> Result<(), Noise> {
     if before.runs.len() < 2 || after.runs.len() < 2 {
-        return Err("fewer than 2 iterations: no spread to compare (-n 3 or more)".into());
+        return Err(Noise::TooFewIterations);
     }
     let shift = before.median.abs_diff(after.median);
     if shift < MIN_CHANGE_NS {
-        return Err(format!("change under {} us", MIN_CHANGE_NS / 1000));
+        return Err(Noise::TooSmall);
     }
     if !(after.min > before.max || after.max < before.min) {
-        return Err("the two runs' ranges overlap".into());
+        return Err(Noise::RangesOverlap);
     }
     let spread = (before.max - before.min).max(after.max - after.min);
     if shift <= spread {
-        return Err("the change is within one run's own spread".into());
+        return Err(Noise::WithinSpread);
     }
     Ok(())
 }
@@ -113,7 +132,7 @@ fn phase_diff(case: &str, pa: &PhaseReport, pb: &PhaseReport) -> PhaseDiff {
             (*c, (y - x) * 100.0)
         })
         .collect();
-    let noise = significance(&pa.wall_ns, &pb.wall_ns).err();
+    let noise = significance(&pa.wall_ns, &pb.wall_ns).err().map(|n| n.to_string());
     PhaseDiff {
         case: case.to_owned(),
         phase: pa.name,
@@ -308,6 +327,65 @@ pub fn write_flamegraphs(
     Ok(written)
 }
 
+/// Why `dmaprof diff` could not compare two runs.
+#[derive(Debug, thiserror::Error)]
+pub enum DiffError {
+    /// A report could not be read (exit code 2: the user named the wrong file).
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    /// The differential flamegraphs could not be written.
+    #[error("writing differential flamegraphs into {}", dir.display())]
+    Flamegraphs {
+        /// Where they were to go.
+        dir: PathBuf,
+        /// What failed.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl DiffError {
+    /// Whether the user should fix their command line (exit code 2) rather than the system.
+    pub fn is_usage(&self) -> bool {
+        matches!(self, Self::Read(_))
+    }
+}
+
+/// `dmaprof diff`: reads both reports, compares them and writes the differential flamegraphs
+/// into `dir` (default `dmaprof-out/diff-<timestamp>`). Returns the comparison and its table,
+/// which ends with where the flamegraphs went.
+pub fn compare_files(before: &Path, after: &Path, dir: Option<PathBuf>) -> Result<(RunDiff, String), DiffError> {
+    let (a, b) = (report::read(before)?, report::read(after)?);
+    let d = diff(&a, &b);
+    let dir = dir.unwrap_or_else(|| Path::new("dmaprof-out").join(format!("diff-{}", sys::timestamp())));
+    let written = write_flamegraphs(&d, (&a, before), (&b, after), &dir).map_err(|source| DiffError::Flamegraphs {
+        dir: dir.clone(),
+        source,
+    })?;
+    let text = render_diff(&d) + &format!("\n{written} differential flamegraphs in {}\n", dir.display());
+    Ok((d, text))
+}
+
+/// The regression gate of `diff --fail-above PCT [--phase P]`: a line for each phase that got
+/// significantly slower by more than PCT (none without a PCT). Any line means exit code 1.
+pub fn gate(d: &RunDiff, fail_above: Option<f64>, phase: Option<Phase>) -> Vec<String> {
+    let Some(pct) = fail_above else {
+        return Vec::new();
+    };
+    regressions(d, pct, phase)
+        .iter()
+        .map(|p| {
+            format!(
+                "regression: {} {} x{:.2} ({:+.1}%), above {pct}%",
+                p.case,
+                p.phase.name(),
+                p.ratio.unwrap_or(0.0),
+                p.delta_pct
+            )
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -345,35 +423,38 @@ mod tests {
         assert_eq!(names(regressions(&d, 3.0, None)), vec![Phase::Map, Phase::Unmap]);
         assert_eq!(names(regressions(&d, 3.0, Some(Phase::Unmap))), vec![Phase::Unmap]);
         assert!(regressions(&d, 30.0, None).is_empty());
+        assert_eq!(
+            gate(&d, Some(10.0), None),
+            ["regression: c map x1.25 (+25.0%), above 10%"]
+        );
+        assert!(gate(&d, None, None).is_empty(), "no threshold, no gate");
     }
 
     #[test]
     fn only_changes_outside_both_spreads_count() {
         let st = |v: &[u64]| Stats::of(v.to_vec());
         assert!(significance(&st(&[100_000, 110_000, 105_000]), &st(&[200_000, 210_000, 190_000])).is_ok());
-        assert!(
-            significance(&st(&[100_000, 150_000]), &st(&[140_000, 160_000]))
-                .unwrap_err()
-                .contains("overlap")
+        assert_eq!(
+            significance(&st(&[100_000, 150_000]), &st(&[140_000, 160_000])),
+            Err(Noise::RangesOverlap)
         );
         // Unmap of two reruns of one case in the guest: apart, but by less than a run's range.
-        assert!(
+        assert_eq!(
             significance(
                 &st(&[2_547_124, 2_787_421, 2_377_922, 2_301_739, 2_534_791]),
                 &st(&[2_193_507, 2_079_259, 2_190_370, 1_954_888, 2_294_285])
-            )
-            .unwrap_err()
-            .contains("spread")
+            ),
+            Err(Noise::WithinSpread)
         );
-        assert!(
-            significance(&st(&[1_000, 1_100]), &st(&[2_000, 2_100]))
-                .unwrap_err()
-                .contains("under")
+        assert_eq!(
+            significance(&st(&[1_000, 1_100]), &st(&[2_000, 2_100])),
+            Err(Noise::TooSmall)
         );
-        assert!(
-            significance(&st(&[100_000]), &st(&[900_000]))
-                .unwrap_err()
-                .contains("iterations")
+        assert_eq!(
+            significance(&st(&[100_000]), &st(&[900_000])),
+            Err(Noise::TooFewIterations)
         );
+        // report.json and the diff's JSON keep the words they had.
+        assert_eq!(Noise::TooSmall.to_string(), "change under 20 us");
     }
 }

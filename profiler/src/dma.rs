@@ -15,7 +15,7 @@ use std::{
 use iommufd_bindings as iofd;
 use vfio_bindings::bindings::vfio;
 
-use crate::{device::Device, matrix::DmaMode};
+use crate::{device::Device, matrix::DmaMode, size::ByteSize};
 
 const fn io(nr: u32) -> libc::c_ulong {
     ((b';' as u32) << 8 | nr) as libc::c_ulong
@@ -136,6 +136,8 @@ pub struct DmaContext {
     backend: Backend,
     /// The IOVA every map uses.
     pub iova: u64,
+    /// The size every map maps (the IOVA range was chosen for it).
+    size: ByteSize,
     mapped: Option<u64>,
     use_map_file: bool,
 }
@@ -150,8 +152,9 @@ pub fn map_ioctl(mode: DmaMode, memfd: bool) -> &'static str {
 }
 
 impl DmaContext {
-    /// Sets up `mode` for `device` and picks an IOVA for `size` bytes aligned to `align`.
-    pub fn open(mode: DmaMode, device: &Device, memfd: bool, size: u64, align: u64) -> Result<Self, DmaError> {
+    /// Sets up `mode` for `device` and picks an IOVA for `size` aligned to `align`; every
+    /// [`Self::map`] maps that size.
+    pub fn open(mode: DmaMode, device: &Device, memfd: bool, size: ByteSize, align: u64) -> Result<Self, DmaError> {
         let (backend, ranges) = match mode {
             DmaMode::Iommufd => open_iommufd(device)?,
             DmaMode::VfioType1Iommu
@@ -159,20 +162,23 @@ impl DmaContext {
             | DmaMode::IommufdCompatType1
             | DmaMode::IommufdCompatType1v2 => open_container(mode, device)?,
         };
-        let iova = choose_iova(&ranges, size, align).ok_or_else(|| DmaError {
+        let iova = choose_iova(&ranges, size.bytes(), align).ok_or_else(|| DmaError {
             step: format!("choosing an IOVA for {size} bytes in {ranges:x?}"),
             source: io::Error::from_raw_os_error(libc::ENOSPC),
         })?;
         Ok(Self {
             backend,
             iova,
+            size,
             mapped: None,
             use_map_file: mode == DmaMode::Iommufd && memfd,
         })
     }
 
-    /// Maps `len` bytes at `addr` (or of `memfd` from offset 0, for MAP_FILE) at [`Self::iova`].
-    pub fn map(&mut self, addr: u64, len: u64, memfd: Option<RawFd>) -> Result<(), DmaError> {
+    /// Maps the context's size at `addr` (or of `memfd` from offset 0, for MAP_FILE) at
+    /// [`Self::iova`].
+    pub fn map(&mut self, addr: u64, memfd: Option<RawFd>) -> Result<(), DmaError> {
+        let len = self.size.bytes();
         match &self.backend {
             Backend::Container { container, .. } => {
                 let mut m = vfio::vfio_iommu_type1_dma_map {

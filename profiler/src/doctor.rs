@@ -375,7 +375,7 @@ pub fn render(d: &Doctor) -> String {
             Some(false) => "no",
             None => "?",
         };
-        let _ = writeln!(s, "  {:<22} {:<3} since {}", f.id, has, f.since);
+        let _ = writeln!(s, "  {:<22} {:<3} since {}", f.id.name(), has, f.since);
     }
     let none = if d.vfio_devices.is_empty() { " none" } else { "" };
     let _ = writeln!(s, "vfio-pci devices:{none}");

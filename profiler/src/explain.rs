@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use crate::{
     category::Category,
+    facts::FeatureId,
     matrix::{DmaMode, Prefault},
     report::{CaseReport, PhaseReport, Report},
     workload::Phase,
@@ -263,7 +264,11 @@ fn iotlb_sync_per_map(report: &Report, case: &CaseReport) -> Option<Fired> {
     if let Some((n, _)) = syncs {
         let _ = write!(evidence, "; {n} IOTLB syncs after map calls");
     }
-    let batched = report.kernel.features.iter().find(|f| f.id == "iommu_map_batched_sync");
+    let batched = report
+        .kernel
+        .features
+        .iter()
+        .find(|f| f.id == FeatureId::IommuMapBatchedSync);
     let fix = match batched.and_then(|f| f.present) {
         Some(true) => "fewer, larger iommu_map calls (see the page size); this kernel already batches the sync per \
                        map request"

@@ -1,12 +1,28 @@
 //! Machine formats of a report: KTAP (version 1, as the kernel selftests print it: one test per
 //! case, phase times and shares as `#` diagnostics, kselftest's totals line) and CSV (one row
-//! per case and phase, every category, for spreadsheets).
-use std::fmt::Write as _;
+//! per case and phase, every category, for spreadsheets); [`render`] picks one of these, the
+//! JSON or the tables.
+use std::{fmt::Write as _, path::Path};
 
 use crate::{
     category::{CATEGORIES, Category},
+    cli::Format,
     report::{PhaseReport, Report},
+    table,
 };
+
+/// `report` in the format asked for; the table ends with where the report is (`path`).
+pub fn render(report: &Report, format: Format, path: Option<&Path>) -> String {
+    match format {
+        Format::Table => {
+            let at = path.map_or(String::new(), |p| format!("\nreport: {}\n", p.display()));
+            table::render_table(report) + &at
+        }
+        Format::Json => serde_json::to_string_pretty(report).expect("a report serialises") + "\n",
+        Format::Ktap => ktap(report),
+        Format::Csv => csv(report),
+    }
+}
 
 fn ms(ns: u64) -> String {
     format!("{:.3}", ns as f64 / 1e6)

@@ -112,11 +112,54 @@ pub struct ThpSettings {
     pub defrag: Option<String>,
 }
 
+/// A kernel change that moves DMA-map time (the rules that recognise them are
+/// `kernel::KERNEL_FEATURES`).
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    strum::EnumIter,
+    strum::IntoStaticStr,
+    strum::Display,
+)]
+#[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
+pub enum FeatureId {
+    /// /dev/iommu and IOMMU_IOAS_MAP.
+    Iommufd,
+    /// unpin_folio/unpin_folios.
+    UnpinFolios,
+    /// memfd_pin_folios.
+    MemfdPinFolios,
+    /// clear_huge_page became folio_zero_user.
+    FolioZeroUser,
+    /// The follow_pfnmap API.
+    HugePfnmap,
+    /// IOMMU_IOAS_MAP_FILE.
+    IoasMapFile,
+    /// The batched sync after iommu_map.
+    IommuMapBatchedSync,
+}
+
+impl FeatureId {
+    /// The id in reports, e.g. `memfd_pin_folios`.
+    pub fn name(self) -> &'static str {
+        self.into()
+    }
+}
+
 /// One kernel change and whether this kernel has it.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct KernelFeature {
-    /// Short id, e.g. `memfd_pin_folios`.
-    pub id: String,
+    /// Which change.
+    pub id: FeatureId,
     /// Whether the kernel shows it (None: /proc/kallsyms unreadable).
     pub present: Option<bool>,
     /// The symbol test used.
@@ -153,5 +196,16 @@ mod tests {
         let back: Capabilities = serde_json::from_value(json).unwrap();
         assert!(has(&back, CapabilityId::VfioType1) && !has(&back, CapabilityId::MapFile));
         assert_eq!(CapabilityId::PerfSampling.to_string(), "perf_sampling");
+    }
+
+    #[test]
+    fn feature_ids_keep_their_json_names() {
+        assert_eq!(
+            serde_json::to_value(FeatureId::IommuMapBatchedSync).unwrap(),
+            "iommu_map_batched_sync"
+        );
+        assert_eq!(FeatureId::MemfdPinFolios.name(), "memfd_pin_folios");
+        let back: FeatureId = serde_json::from_value("ioas_map_file".into()).unwrap();
+        assert_eq!(back, FeatureId::IoasMapFile);
     }
 }

@@ -2,7 +2,7 @@
 //! the symbols it exports.
 use std::{collections::BTreeSet, fs};
 
-use crate::facts::{KernelFeature, KernelInfo, ThpSettings};
+use crate::facts::{FeatureId, KernelFeature, KernelInfo, ThpSettings};
 
 /// uname(2), with no features judged yet.
 pub fn info() -> KernelInfo {
@@ -45,8 +45,8 @@ pub fn thp_settings() -> ThpSettings {
 /// `without` symbol does.
 #[derive(Clone, Copy, Debug)]
 pub struct FeatureRule {
-    /// Short id.
-    pub id: &'static str,
+    /// Which change.
+    pub id: FeatureId,
     /// Symbols that must exist.
     pub with: &'static [&'static str],
     /// Symbols that must not.
@@ -61,49 +61,49 @@ pub struct FeatureRule {
 /// module symbols (vfio, iommufd) show only while the module is loaded.
 pub const KERNEL_FEATURES: &[FeatureRule] = &[
     FeatureRule {
-        id: "iommufd",
+        id: FeatureId::Iommufd,
         with: &["iommufd_ioas_map"],
         without: &[],
         since: "v6.2, 2ff4bed7fee7 (iommufd: File descriptor, context, kconfig and makefiles)",
         effect: "/dev/iommu and IOMMU_IOAS_MAP; the iommufd_* modes",
     },
     FeatureRule {
-        id: "unpin_folios",
+        id: FeatureId::UnpinFolios,
         with: &["unpin_folio", "unpin_folios"],
         without: &[],
         since: "v6.11, 6cc040542ba7 (mm/gup: introduce unpin_folio/unpin_folios helpers)",
         effect: "folio-granular unpin on unmap",
     },
     FeatureRule {
-        id: "memfd_pin_folios",
+        id: FeatureId::MemfdPinFolios,
         with: &["memfd_pin_folios"],
         without: &[],
         since: "v6.11, 89c1905d9c14 (mm/gup: introduce memfd_pin_folios() for pinning memfd folios)",
         effect: "memfd pinned by folio from the page cache, without walking page tables",
     },
     FeatureRule {
-        id: "folio_zero_user",
+        id: FeatureId::FolioZeroUser,
         with: &["folio_zero_user"],
         without: &["clear_huge_page"],
         since: "v6.11, 78fefd04c123 (mm: memory: convert clear_huge_page() to folio_zero_user())",
         effect: "hugepage zeroing is folio_zero_user (the probe row follows the rename)",
     },
     FeatureRule {
-        id: "huge_pfnmap",
+        id: FeatureId::HugePfnmap,
         with: &["follow_pfnmap_start"],
         without: &[],
         since: "v6.12, 6da8e9634bb7 (mm: new follow_pfnmap API)",
         effect: "PFNMAP (MMIO) mappings pinned by PMD/PUD, not per page",
     },
     FeatureRule {
-        id: "ioas_map_file",
+        id: FeatureId::IoasMapFile,
         with: &["iommufd_ioas_map_file", "iopt_map_file_pages"],
         without: &[],
         since: "v6.13, f4986a72d6e4 (iommufd: Add IOMMU_IOAS_MAP_FILE)",
         effect: "iommufd maps a memfd by file offset (IOMMU_IOAS_MAP_FILE): no prefault in the map",
     },
     FeatureRule {
-        id: "iommu_map_batched_sync",
+        id: FeatureId::IommuMapBatchedSync,
         with: &["iommu_map_nosync", "iommu_sync_map"],
         without: &[],
         since: "v6.16, 5c87cffe2d38 (iommu: generalize the batched sync after map interface)",
@@ -122,7 +122,7 @@ impl FeatureRule {
             .collect::<Vec<_>>()
             .join(", ");
         KernelFeature {
-            id: self.id.to_owned(),
+            id: self.id,
             present: has.map(|has| self.with.iter().all(|s| has(s)) && !self.without.iter().any(|s| has(s))),
             evidence,
             since: self.since.to_owned(),
@@ -174,16 +174,23 @@ mod tests {
     fn rules_judge_with_and_without() {
         let has = |n: &str| ["folio_zero_user", "memfd_pin_folios"].contains(&n);
         let f = features_from(Some(&has));
-        let get = |id: &str| f.iter().find(|x| x.id == id).unwrap().present;
-        assert_eq!(get("folio_zero_user"), Some(true));
-        assert_eq!(get("memfd_pin_folios"), Some(true));
-        assert_eq!(get("iommufd"), Some(false));
+        let get = |id: FeatureId| f.iter().find(|x| x.id == id).unwrap().present;
+        assert_eq!(get(FeatureId::FolioZeroUser), Some(true));
+        assert_eq!(get(FeatureId::MemfdPinFolios), Some(true));
+        assert_eq!(get(FeatureId::Iommufd), Some(false));
         let both = |n: &str| ["folio_zero_user", "clear_huge_page"].contains(&n);
         let f = features_from(Some(&both));
         assert_eq!(
-            f.iter().find(|x| x.id == "folio_zero_user").unwrap().present,
+            f.iter().find(|x| x.id == FeatureId::FolioZeroUser).unwrap().present,
             Some(false)
         );
         assert!(features_from(None).iter().all(|x| x.present.is_none()));
+    }
+
+    #[test]
+    fn every_feature_has_one_rule() {
+        use strum::IntoEnumIterator as _;
+        let ids: Vec<FeatureId> = KERNEL_FEATURES.iter().map(|r| r.id).collect();
+        assert_eq!(ids, FeatureId::iter().collect::<Vec<_>>());
     }
 }

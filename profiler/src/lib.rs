@@ -32,6 +32,7 @@ pub mod leftovers;
 pub mod loader;
 pub mod matrix;
 pub mod output;
+pub mod phase;
 pub mod plan;
 pub mod privileges;
 pub mod probes;

@@ -1,5 +1,5 @@
-//! The one attach path, in the manner of retsnoop's mass attacher: **plan** (which probe-table
-//! rows this kernel has and which mechanism each gets) -> **load** (the embedded BPF object,
+//! The one attach path, every probe attached as one thing in four steps: **plan** (which
+//! probe-table rows this kernel has and which mechanism each gets) -> **load** (the embedded BPF object,
 //! with the workload thread's id) -> **attach** (fentry/fexit where the kernel allows it,
 //! kprobe/kretprobe otherwise; tracepoints; the sampler) -> **activate** ([`Probes`], whose
 //! phase switch starts recording). `run` and `doctor` both go through it.
@@ -412,12 +412,15 @@ enum Target {
     },
 }
 
-/// The kernel links of one attached [`Target`].
+/// The kernel links of one attached [`Target`], with what of the target detaching needs (the
+/// program names), so that a link can be detached without looking its target up again.
 #[derive(Debug)]
 enum Link {
     Kprobe(KProbeLinkId, KProbeLinkId),
-    Fentry(FEntryLinkId, FExitLinkId),
-    Tracepoint(RawTracePointLinkId),
+    /// Fentry slot `.0`'s entry and exit links.
+    Fentry(u32, FEntryLinkId, FExitLinkId),
+    /// Raw tracepoint program `.0`'s link.
+    Tracepoint(&'static str, RawTracePointLinkId),
     Sampler(PerfEventLinkId),
 }
 
@@ -482,7 +485,7 @@ fn link(ebpf: &mut Ebpf, target: &Target) -> Result<Link, AttachError> {
                 .attach()
                 .map_err(attach_error("fentry", symbol))?;
             match program::<FExit>(ebpf, &exit_name)?.attach() {
-                Ok(exit) => Ok(Link::Fentry(entry, exit)),
+                Ok(exit) => Ok(Link::Fentry(*slot, entry, exit)),
                 Err(e) => {
                     let _ = program::<FEntry>(ebpf, &entry_name)?.detach(entry);
                     Err(attach_error("fexit", symbol)(e))
@@ -491,7 +494,7 @@ fn link(ebpf: &mut Ebpf, target: &Target) -> Result<Link, AttachError> {
         }
         Target::Tracepoint(prog, event) => program::<RawTracePoint>(ebpf, prog)?
             .attach(event)
-            .map(Link::Tracepoint)
+            .map(|id| Link::Tracepoint(prog, id))
             .map_err(attach_error("raw tracepoint", event)),
         Target::Sampler { tid, freq_hz } => program::<PerfEvent>(ebpf, abi::programs::SAMPLE_STACK)?
             .attach(
@@ -521,22 +524,14 @@ fn unlink(ebpf: &mut Ebpf, target: &Target, link: Link) -> Result<(), AttachErro
                 .detach(exit)
                 .map_err(detach_err)
         }
-        Link::Fentry(entry, exit) => {
-            let Target::Fentry(slot, _) = target else {
-                unreachable!("fentry links belong to fentry targets")
-            };
-            let (entry_name, exit_name) = fentry_names(*slot);
+        Link::Fentry(slot, entry, exit) => {
+            let (entry_name, exit_name) = fentry_names(slot);
             program::<FEntry>(ebpf, &entry_name)?
                 .detach(entry)
                 .map_err(detach_err)?;
             program::<FExit>(ebpf, &exit_name)?.detach(exit).map_err(detach_err)
         }
-        Link::Tracepoint(id) => {
-            let Target::Tracepoint(prog, _) = target else {
-                unreachable!("tracepoint links belong to tracepoints")
-            };
-            program::<RawTracePoint>(ebpf, prog)?.detach(id).map_err(detach_err)
-        }
+        Link::Tracepoint(prog, id) => program::<RawTracePoint>(ebpf, prog)?.detach(id).map_err(detach_err),
         Link::Sampler(id) => program::<PerfEvent>(ebpf, abi::programs::SAMPLE_STACK)?
             .detach(id)
             .map_err(detach_err),

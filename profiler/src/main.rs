@@ -1,6 +1,6 @@
 //! The `dmaprof` command line. Exit codes: 0 success, 1 failure, 2 bad usage,
 //! 128+N when stopped by signal N (130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP).
-use std::{path::Path, process::ExitCode, sync::OnceLock, time::Instant};
+use std::{process::ExitCode, sync::OnceLock, time::Instant};
 
 use anyhow::Context as _;
 use clap::Parser as _;
@@ -8,10 +8,8 @@ use profiler::{
     bpflog,
     cli::{Cli, Command, Format, RunArgs},
     diff, doctor, explain, export, leftovers, matrix, report,
-    session::{RunError, Session},
+    session::{Outcome, RunError, Session},
     stop::{self, Control, StopSignals},
-    sys, table,
-    workload::Phase,
 };
 
 /// When main() began: the start of dmaprof's start-up time.
@@ -30,34 +28,30 @@ fn json(v: &impl serde::Serialize) -> String {
     serde_json::to_string_pretty(v).expect("dmaprof's types serialise") + "\n"
 }
 
-/// `report` in the format asked for; the table ends with where the report is (`path`).
-fn render(report: &report::Report, format: Format, path: Option<&Path>) -> String {
-    match format {
-        Format::Table => {
-            let at = path.map_or(String::new(), |p| format!("\nreport: {}\n", p.display()));
-            table::render_table(report) + &at
-        }
-        Format::Json => json(report),
-        Format::Ktap => export::ktap(report),
-        Format::Csv => export::csv(report),
-    }
-}
-
 fn main() -> ExitCode {
     STARTED.get_or_init(Instant::now);
     let cli = match Cli::try_parse() {
         Ok(c) => c,
-        Err(e) if !e.use_stderr() => {
-            let _ = e.print();
-            return ExitCode::SUCCESS;
-        }
+        // --help and --version succeed; anything else is clap's whole message: what is wrong,
+        // the allowed values, the usage line.
         Err(e) => {
-            // clap's whole message: what is wrong, the allowed values, the usage line.
             let _ = e.print();
-            return ExitCode::from(2);
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
         }
     };
-    let result = match cli.command {
+    dispatch(cli.command).unwrap_or_else(|e| {
+        let usage = e.downcast_ref::<RunError>().is_some_and(RunError::is_usage)
+            || e.downcast_ref::<diff::DiffError>()
+                .is_some_and(diff::DiffError::is_usage)
+            || e.downcast_ref::<report::ReadError>().is_some();
+        eprintln!("dmaprof: {e:#}");
+        ExitCode::from(if usage { 2 } else { 1 })
+    })
+}
+
+/// Runs the subcommand; its errors are mapped to exit codes by `main`.
+fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
+    match command {
         Command::Doctor {
             json: as_json,
             leftovers: true,
@@ -68,11 +62,7 @@ fn main() -> ExitCode {
             } else {
                 leftovers::render_leftovers(&l)
             });
-            return if l.is_empty() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(1)
-            };
+            Ok(ExitCode::from(u8::from(!l.is_empty())))
         }
         Command::Doctor {
             json: as_json,
@@ -92,7 +82,7 @@ fn main() -> ExitCode {
             ktap,
             csv,
         } => report::read(&path).map_err(Into::into).map(|r| {
-            out(&render(&r, Format::of(as_json, ktap, csv), None));
+            out(&export::render(&r, Format::of(as_json, ktap, csv), None));
             ExitCode::SUCCESS
         }),
         Command::Explain {
@@ -110,56 +100,15 @@ fn main() -> ExitCode {
             json: as_json,
             fail_above,
             phase,
-        } => diff_command(&before, &after, dir, as_json).map(|d| gate(&d, fail_above, phase)),
+        } => diff::compare_files(&before, &after, dir)
+            .map_err(Into::into)
+            .map(|(d, text)| {
+                out(&if as_json { json(&d) } else { text });
+                let slower = diff::gate(&d, fail_above, phase);
+                slower.iter().for_each(|line| eprintln!("dmaprof: {line}"));
+                ExitCode::from(u8::from(!slower.is_empty()))
+            }),
         Command::Run(args) => run_command(&args),
-    };
-    result.unwrap_or_else(|e| {
-        let usage = match e.downcast_ref::<RunError>() {
-            Some(r) => r.is_usage(),
-            None => e.downcast_ref::<report::ReadError>().is_some(),
-        };
-        eprintln!("dmaprof: {e:#}");
-        ExitCode::from(if usage { 2 } else { 1 })
-    })
-}
-
-/// `dmaprof diff`: the comparison on stdout, differential flamegraphs in `dir`.
-fn diff_command(
-    before: &Path,
-    after: &Path,
-    dir: Option<std::path::PathBuf>,
-    as_json: bool,
-) -> anyhow::Result<diff::RunDiff> {
-    let (a, b) = (report::read(before)?, report::read(after)?);
-    let d = diff::diff(&a, &b);
-    let dir = dir.unwrap_or_else(|| Path::new("dmaprof-out").join(format!("diff-{}", sys::timestamp())));
-    let written = diff::write_flamegraphs(&d, (&a, before), (&b, after), &dir)
-        .with_context(|| format!("writing differential flamegraphs into {}", dir.display()))?;
-    let text = diff::render_diff(&d) + &format!("\n{written} differential flamegraphs in {}\n", dir.display());
-    out(&if as_json { json(&d) } else { text });
-    Ok(d)
-}
-
-/// The regression gate of `diff --fail-above PCT [--phase P]`: exit 1, naming each phase that
-/// got significantly slower by more than PCT; 0 otherwise.
-fn gate(d: &diff::RunDiff, fail_above: Option<f64>, phase: Option<Phase>) -> ExitCode {
-    let Some(pct) = fail_above else {
-        return ExitCode::SUCCESS;
-    };
-    let slower = diff::regressions(d, pct, phase);
-    for p in &slower {
-        eprintln!(
-            "dmaprof: regression: {} {} x{:.2} ({:+.1}%), above {pct}%",
-            p.case,
-            p.phase.name(),
-            p.ratio.unwrap_or(0.0),
-            p.delta_pct
-        );
-    }
-    if slower.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
     }
 }
 
@@ -190,21 +139,10 @@ fn run_command(args: &RunArgs) -> anyhow::Result<ExitCode> {
         .join()
         .map_err(|_| anyhow::anyhow!("the workload thread panicked"))??;
     let format = Format::of(args.json, args.ktap, args.csv);
-    out(&render(&report, format, Some(&out_dir.join("report.json"))));
-    let all_skipped = report.cases.is_empty() && report.failed.is_empty() && !report.skipped.is_empty();
-    Ok(match control.signal() {
-        // kselftest's KSFT_SKIP: nothing ran, and that is not a pass.
-        0 if all_skipped => {
-            let first = &report.skipped[0];
-            let n = report.skipped.len();
-            eprintln!(
-                "dmaprof: every selected case was skipped ({n}); the first because {}",
-                first.reason
-            );
-            ExitCode::from(4)
-        }
-        0 if report.failed.is_empty() => ExitCode::SUCCESS,
-        0 => ExitCode::FAILURE,
-        sig => ExitCode::from(128 + sig as u8),
-    })
+    out(&export::render(&report, format, Some(&out_dir.join("report.json"))));
+    let outcome = Outcome::of(&report, control.signal());
+    if let Some(note) = outcome.note() {
+        eprintln!("dmaprof: {note}");
+    }
+    Ok(ExitCode::from(outcome.exit_code()))
 }

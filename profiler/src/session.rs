@@ -145,7 +145,7 @@ impl Session {
         };
         let coverage = match &probes {
             Some(p) => Coverage::of(&p.status, &self.opts.passes),
-            None => Coverage::none("no traced pass (--no-trace or --passes untraced): no probe was loaded"),
+            None => Coverage::none(),
         };
         if let (Err(why), Some(_)) = (&coverage.exact, &probes) {
             eprintln!("dmaprof: exact attribution unavailable: {why}");
@@ -444,7 +444,7 @@ impl Session {
             return Err(CaseError::Skip("needs a VFIO device".into()));
         };
         let (memfd, page) = (case.backing.memfd(), case.backing.page_size());
-        DmaContext::open(mode, dev, memfd, self.opts.size.bytes(), page)
+        DmaContext::open(mode, dev, memfd, self.opts.size, page)
             .map(Some)
             .map_err(|e| CaseError::Fail(e.to_string()))
     }
@@ -480,7 +480,7 @@ impl<'a> SlotObserver<'a> {
 
 impl PhaseObserver for SlotObserver<'_> {
     fn begin(&mut self, phase: Phase) {
-        self.control.enter(Stage::Phase(self.case.clone(), phase.name()));
+        self.control.enter(Stage::Phase(self.case.clone(), phase));
         let slot = attribution::slot(self.iteration, phase);
         if let Some(Err(e)) = self.probes.as_mut().map(|p| p.set_phase(slot)) {
             self.error.get_or_insert(e);
@@ -526,6 +526,65 @@ pub fn schedule(passes: &[Pass], untraced: u32, traced: u32) -> Vec<(Pass, u32)>
     out
 }
 
+/// How a finished run ends: as kselftest does (0 pass, 1 a case failed, 4 every case skipped),
+/// or 128+N when stopped by signal N (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Every selected case ran and passed (some may have been skipped).
+    Passed,
+    /// A case ran and failed.
+    Failed,
+    /// Nothing ran, and that is not a pass (kselftest's KSFT_SKIP).
+    AllSkipped {
+        /// How many cases were skipped.
+        count: usize,
+        /// Why the first one was.
+        first_reason: String,
+    },
+    /// Stopped by this signal.
+    Stopped(i32),
+}
+
+impl Outcome {
+    /// The outcome of `report`, written after stop signal `signal` (0: none).
+    pub fn of(report: &Report, signal: i32) -> Self {
+        if signal != 0 {
+            return Self::Stopped(signal);
+        }
+        match (
+            report.cases.is_empty() && report.failed.is_empty(),
+            report.skipped.first(),
+        ) {
+            (true, Some(first)) => Self::AllSkipped {
+                count: report.skipped.len(),
+                first_reason: first.reason.clone(),
+            },
+            _ if report.failed.is_empty() => Self::Passed,
+            _ => Self::Failed,
+        }
+    }
+
+    /// The process exit code.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::Passed => 0,
+            Self::Failed => 1,
+            Self::AllSkipped { .. } => 4,
+            Self::Stopped(sig) => (128 + sig) as u8,
+        }
+    }
+
+    /// The line stderr gets, when the code alone does not say it.
+    pub fn note(&self) -> Option<String> {
+        match self {
+            Self::AllSkipped { count, first_reason } => Some(format!(
+                "every selected case was skipped ({count}); the first because {first_reason}"
+            )),
+            _ => None,
+        }
+    }
+}
+
 /// Why a case did not run at all.
 enum CaseError {
     /// This host cannot run it (e.g. no hugepages): skipped with the reason.
@@ -550,5 +609,30 @@ mod tests {
         assert_eq!(schedule(&[U], 2, 9), [(U, 0), (U, 1)]);
         assert_eq!(schedule(&[E, S], 5, 1), [(E, 0), (S, 0)]);
         assert!(schedule(&[], 3, 3).is_empty());
+    }
+
+    #[test]
+    fn outcomes_map_to_kselftest_codes() {
+        let mut r = report::parse(include_str!("../tests/data/matrix-7.3.json")).unwrap();
+        assert_eq!(Outcome::of(&r, 0), Outcome::Passed);
+        assert_eq!(Outcome::of(&r, libc::SIGINT).exit_code(), 130);
+        assert_eq!(Outcome::of(&r, libc::SIGTERM).exit_code(), 143);
+        let skip = Skipped {
+            name: "x".into(),
+            reason: "no device".into(),
+        };
+        r.skipped = vec![skip];
+        assert_eq!(Outcome::of(&r, 0), Outcome::Passed, "some ran: skips do not matter");
+        r.failed.push(Failed {
+            name: "y".into(),
+            error: "EFAULT".into(),
+        });
+        assert_eq!(Outcome::of(&r, 0).exit_code(), 1);
+        r.failed.clear();
+        r.cases.clear();
+        let all = Outcome::of(&r, 0);
+        assert_eq!(all.exit_code(), 4);
+        assert!(all.note().unwrap().ends_with("(1); the first because no device"));
+        assert_eq!(Outcome::of(&r, libc::SIGHUP).exit_code(), 129, "a signal wins");
     }
 }

@@ -12,7 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::probes::Pass;
+use crate::{phase::Phase, probes::Pass};
 
 /// What the run is doing, as progress shows it and as a signal is reported against.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -22,7 +22,7 @@ pub enum Stage {
     /// Opening a case's container/IOAS and device, reserving its hugepages.
     Opening(String),
     /// A phase of a case (`<case> <phase>`).
-    Phase(String, &'static str),
+    Phase(String, Phase),
     /// Loading and attaching the probes.
     Attaching,
     /// Attaching a pass's probes and detaching the others' (`<case> -> <pass> pass`).
@@ -262,7 +262,11 @@ mod tests {
             Stage::Switching("c".into(), Pass::Exact).to_string(),
             "c switching to the exact pass"
         );
-        assert_eq!(Stage::Phase("x.none".into(), "map").to_string(), "x.none map");
+        assert_eq!(Stage::Phase("x.none".into(), Phase::Map).to_string(), "x.none map");
+        assert_eq!(
+            Stage::Phase("x.none".into(), Phase::MemfdCreate).to_string(),
+            "x.none memfd_create"
+        );
         assert_eq!(Stage::Attaching.to_string(), "attaching probes");
         assert_eq!(Stage::Opening("c".into()).to_string(), "c opening");
     }

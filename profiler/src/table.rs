@@ -100,7 +100,7 @@ fn header(report: &Report) -> String {
             .features
             .iter()
             .filter(|f| f.present == Some(p))
-            .map(|f| f.id.as_str())
+            .map(|f| f.id.name())
             .collect();
         if ids.is_empty() {
             "none".to_owned()

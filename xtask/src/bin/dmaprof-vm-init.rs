@@ -9,6 +9,10 @@
 //! tool here (its applets are installed as links for the payload), not the init.
 use std::{ffi::CString, fs, io::Write as _, os::fd::AsRawFd as _, path::Path, process::Command};
 
+// The workspace's OS helpers (sysfs links), shared with dmaprof and xtask.
+#[allow(dead_code, reason = "the init uses only part of the helpers")]
+#[path = "../../../profiler/src/sys.rs"]
+mod sys;
 #[path = "../vm/transfer.rs"]
 mod transfer;
 
@@ -74,13 +78,6 @@ fn load_module(path: &Path) -> std::io::Result<()> {
     os_result(unsafe { libc::syscall(libc::SYS_finit_module, file.as_raw_fd(), params.as_ptr(), 0) })
 }
 
-fn link_name(path: impl AsRef<Path>) -> String {
-    fs::read_link(path)
-        .ok()
-        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-        .unwrap_or_default()
-}
-
 /// Finds the edu device and binds it to vfio-pci; returns its BDF.
 fn bind_edu() -> Option<String> {
     let mut devices: Vec<_> = fs::read_dir("/sys/bus/pci/devices")
@@ -100,8 +97,8 @@ fn bind_edu() -> Option<String> {
     let _ = fs::write("/sys/bus/pci/drivers_probe", &bdf);
     say(&format!(
         "dmaprof-vm: edu device {bdf} driver {} iommu_group {}",
-        link_name(dev.join("driver")),
-        link_name(dev.join("iommu_group"))
+        sys::link_name(&dev.join("driver")).unwrap_or_default(),
+        sys::link_name(&dev.join("iommu_group")).unwrap_or_default()
     ));
     Some(bdf)
 }

@@ -14,6 +14,7 @@ mod initramfs;
 mod kernel;
 mod kunit;
 mod qemu;
+mod run_options;
 mod tests;
 pub mod transfer;
 
@@ -120,19 +121,36 @@ struct Plan<'a> {
 
 /// The guest directory dmaprof writes to: the value of `-o`/`--out` in `args`.
 fn out_option(args: &[String]) -> Option<String> {
+    option_value(args, 'o', "--out")
+}
+
+/// The value of the `dmaprof run` option `-<short>`/`<long>` in `args`, in any spelling clap
+/// accepts: `-o x`, `-ox`, `-o=x`, `--out x`, `--out=x`. The values of the other options are
+/// skipped (the lists in `run_options`), so `-v -o` is a variant named `-o`.
+fn option_value(args: &[String], short: char, long: &str) -> Option<String> {
+    let short_flag = format!("-{short}");
     let mut it = args.iter();
     while let Some(a) = it.next() {
         if a == "--" {
             break;
         }
-        if a == "-o" || a == "--out" {
+        if *a == short_flag || a == long {
             return it.next().cloned();
         }
-        if let Some(v) = a.strip_prefix("--out=") {
+        if let Some(v) = a.strip_prefix(long).and_then(|v| v.strip_prefix('=')) {
             return Some(v.to_owned());
         }
-        if let Some(v) = a.strip_prefix("-o").filter(|v| !v.is_empty() && !a.starts_with("--")) {
-            return Some(v.to_owned());
+        if let Some(v) = a
+            .strip_prefix(&short_flag)
+            .filter(|v| !v.is_empty() && !a.starts_with("--"))
+        {
+            return Some(v.strip_prefix('=').unwrap_or(v).to_owned());
+        }
+        let valued_short = a.len() == 2
+            && a.strip_prefix('-')
+                .is_some_and(|c| run_options::VALUED_SHORT.iter().any(|s| c.starts_with(*s)));
+        if valued_short || run_options::VALUED_LONG.contains(&a.as_str()) {
+            it.next();
         }
     }
     None
@@ -398,33 +416,9 @@ pub fn run_default(args: Vec<String>) -> Result<()> {
     })
 }
 
-/// Whether `dmaprof run` arguments give `-b`/`--size`, in any spelling clap accepts: `-b 1G`,
-/// `-b1G`, `-b=1G`, `--size 1G`, `--size=1G`. The values of the other short options (all of
-/// `dmaprof run`'s short options take one) are skipped, so `-v -b` is a variant named `-b`.
+/// Whether `dmaprof run` arguments give `-b`/`--size`, in any spelling clap accepts.
 fn has_size_option(args: &[String]) -> bool {
-    const VALUED_SHORT: [&str; 4] = ["-o", "-v", "-n", "-d"];
-    const VALUED_LONG: [&str; 7] = [
-        "--out",
-        "--variant",
-        "--iterations",
-        "--device",
-        "--prefault",
-        "--freq",
-        "--probes",
-    ];
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        if a == "--" {
-            break;
-        }
-        if a == "--size" || a.starts_with("--size=") || (a.starts_with("-b") && !a.starts_with("--")) {
-            return true;
-        }
-        if VALUED_SHORT.contains(&a.as_str()) || VALUED_LONG.contains(&a.as_str()) {
-            it.next();
-        }
-    }
-    false
+    option_value(args, 'b', "--size").is_some()
 }
 
 /// The VM part of `cargo xtask test`.
@@ -454,6 +448,8 @@ mod unit {
             &["run", "--out", "/r"],
             &["run", "--out=/r"],
             &["run", "-o/r"],
+            &["run", "-o=/r"],
+            &["run", "-v", "-o", "-o", "/r"],
         ] {
             let (args, dir) = guest_args(strings(given));
             assert_eq!(args, strings(given));
@@ -483,8 +479,18 @@ mod unit {
             &["--sizes"],
             &["--", "-b", "1G"],
             &["-n", "1"],
+            &["-b"],
         ] {
             assert!(!has_size_option(&strings(given)), "{given:?}");
+        }
+        // Every other option's value is skipped, whatever it looks like.
+        let others = run_options::VALUED_LONG.iter().filter(|o| **o != "--size");
+        for opt in others.copied().chain(["-v", "-o", "-n", "-d"]) {
+            assert!(!has_size_option(&strings(&[opt, "-b1G"])), "{opt} -b1G");
+            assert!(has_size_option(&strings(&[opt, "x", "-b1G"])), "{opt} x -b1G");
+        }
+        for opt in ["--passes", "--traced-iterations", "--thp", "--sample-map-entries"] {
+            assert!(run_options::VALUED_LONG.contains(&opt), "{opt}");
         }
     }
 

@@ -592,7 +592,7 @@ fn ktap_check(c: &Ctx, report: &Path) -> Result<String, String> {
     fs::write(&file, &out.stdout).map_err(|e| format!("writing {}: {e}", file.display()))?;
     let parser = match cache_dir()
         .map_err(|e| e.to_string())
-        .and_then(|d| super::kunit::parser_dir(&d))
+        .and_then(|d| super::kunit::parser_dir(&d).map_err(|e| e.to_string()))
     {
         Ok(p) => p,
         Err(why) => {
@@ -600,7 +600,7 @@ fn ktap_check(c: &Ctx, report: &Path) -> Result<String, String> {
             return Ok(format!(", KTAP check SKIPPED ({why})"));
         }
     };
-    let parsed = super::kunit::parse(&parser, &file)?;
+    let parsed = super::kunit::parse(&parser, &file).map_err(|e| e.to_string())?;
     let r: Value = serde_json::from_str(&fs::read_to_string(report).map_err(|e| e.to_string())?)
         .map_err(|e| format!("report.json: {e}"))?;
     let cases = r["cases"].as_array().map_or(0, Vec::len) as u32;
