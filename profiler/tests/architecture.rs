@@ -322,3 +322,35 @@ fn types_leave_no_case_unreachable() {
         .collect();
     assert!(found.is_empty(), "unreachable! in: {found:?}");
 }
+
+/// README's Layout section names every source file of the profiler and of xtask, one line
+/// each, so a new module cannot arrive undescribed.
+#[test]
+fn readme_layout_names_every_module() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let readme = fs::read_to_string(root.join("README.md")).unwrap();
+    let layout = readme
+        .split("## Layout")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .expect("README has a Layout section");
+    let mut missing = Vec::new();
+    for dir in ["profiler/src", "xtask/src", "xtask/src/vm", "xtask/src/bin"] {
+        for e in fs::read_dir(root.join(dir)).unwrap().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !name.ends_with(".rs") {
+                continue;
+            }
+            let stem = name.trim_end_matches(".rs");
+            let named = layout.contains(&format!("`{name}`"))
+                || layout.contains(&format!("/{name}`"))
+                || layout.contains(&format!("`vm/{name}`"))
+                || layout.contains(&format!(",{stem},"))
+                || layout.contains(&format!("{{{stem},"));
+            if !named {
+                missing.push(format!("{dir}/{name}"));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "README Layout does not describe: {missing:?}");
+}
