@@ -4,6 +4,8 @@
 #![no_main]
 // aya-ebpf's program macros drop the doc comments of the functions they wrap.
 #![allow(missing_docs)]
+// The program macros take their context by value; the programs only read it.
+#![allow(clippy::needless_pass_by_value)]
 
 use aya_ebpf::{
     EbpfContext,
@@ -85,13 +87,13 @@ pub fn sample_stack(ctx: PerfEventContext) -> u32 {
     // side is one loop; a sample without a kernel stack is user time, which is all we need.
     let kernel_stack = ctx.get_stackid(&STACKS, 0).map_or(-1, |id| id as i32);
     let key = SampleKey { phase, kernel_stack };
-    match SAMPLES.get_ptr_mut(&key) {
+    match SAMPLES.get_ptr_mut(key) {
         Some(count) => {
             // SAFETY: valid map value pointer for the duration of the program.
             unsafe { *count += 1 };
         }
         None => {
-            if SAMPLES.insert(&key, &1, BPF_NOEXIST as u64).is_err() {
+            if SAMPLES.insert(key, 1, BPF_NOEXIST as u64).is_err() {
                 if c.lost_samples == 0 {
                     warn!(&ctx, "sample map full in phase slot {}: samples are being lost", phase);
                 }
@@ -271,7 +273,7 @@ fn enter<C: EbpfContext>(ctx: &C, ip: u64, kprobe: bool, arg: impl FnOnce(i32) -
         return 0;
     };
     // SAFETY: the value is copied out before any other map operation.
-    let Some(cfg) = (unsafe { ROW_BY_IP.get(&ip) }).copied() else {
+    let Some(cfg) = (unsafe { ROW_BY_IP.get(ip) }).copied() else {
         return 0;
     };
     if cfg.row >= MAX_ROWS {

@@ -118,8 +118,14 @@ pub fn ensure_build_deps() -> Result<()> {
     let bpf_linker = cargo_bin_dir().join("bpf-linker");
     if toolchain == BpfToolchain::Debian {
         ensure_debian_packages(
-            "the BPF toolchain (rustc 1.96 with library source, LLVM 22 for bpf-linker)",
-            &["rustc-web", "rust-web-src", "llvm-22-dev", "libpolly-22-dev"],
+            "the BPF toolchain (rustc 1.96 with library source and its clippy, LLVM 22 for bpf-linker)",
+            &[
+                "rustc-web",
+                "rust-web-src",
+                "rust-web-clippy",
+                "llvm-22-dev",
+                "libpolly-22-dev",
+            ],
         )?;
         if !succeeds(Command::new("rustup").args(["run", "debian", "rustc", "--version"])) {
             eprintln!("xtask: linking Debian's toolchain into rustup as `debian`");

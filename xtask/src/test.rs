@@ -41,8 +41,7 @@ pub fn run(args: &TestArgs) -> Result<()> {
         "-D",
         "warnings",
     ]))?;
-    // The BPF/user ABI types as the host compiles them (the programs themselves are linted by
-    // the workspace lints when build.rs compiles them for the BPF target).
+    // The BPF/user ABI types as the host compiles them.
     run_cmd(Command::new("cargo").current_dir(&root).args([
         "clippy",
         "--release",
@@ -53,6 +52,7 @@ pub fn run(args: &TestArgs) -> Result<()> {
         "-D",
         "warnings",
     ]))?;
+    clippy_bpf_programs(&root)?;
     run_cmd(
         Command::new("cargo")
             .current_dir(&root)
@@ -69,4 +69,28 @@ pub fn run(args: &TestArgs) -> Result<()> {
         return Ok(());
     }
     crate::vm::test()
+}
+
+/// The BPF programs under the workspace lints, as the BPF toolchain compiles them: its own
+/// clippy (Debian's `rust-web-clippy` matches `rustc-web`) checks them for the BPF target.
+fn clippy_bpf_programs(root: &std::path::Path) -> Result<()> {
+    let toolchain = crate::setup::bpf_toolchain();
+    run_cmd(
+        Command::new("rustup")
+            .current_dir(root.join("profiler-ebpf"))
+            .args(["run", toolchain.name(), "cargo", "clippy", "--release"])
+            .args([
+                "--target",
+                "bpfel-unknown-none",
+                "-Z",
+                "build-std=core",
+                "--bin",
+                "profiler-ebpf",
+            ])
+            .arg("--target-dir")
+            .arg(root.join("target/bpf-clippy"))
+            .args(["--", "-D", "warnings"])
+            // Debian's stable rustc takes `-Z build-std` only with this, as build.rs does.
+            .env("RUSTC_BOOTSTRAP", "1"),
+    )
 }
