@@ -643,7 +643,7 @@ fn phase_report(phase: Phase, input: &CaseInput, cats: &CategoryCounts, owners: 
     let (cov, case) = (input.coverage, input.workload.case.name());
     let file = |ext: &str| cov.samples.then(|| format!("{case}/{}.{ext}", phase.name()));
     let untraced = (wall_pass == Pass::Untraced).then_some(&wall);
-    Some(PhaseReport {
+    let mut report = PhaseReport {
         name: phase,
         wall_pass,
         wall_ci: median_ci(&wall.runs),
@@ -659,6 +659,7 @@ fn phase_report(phase: Phase, input: &CaseInput, cats: &CategoryCounts, owners: 
             lost: all_traced.iter().map(|c| c.lost_samples).sum(),
             categories: cats.shares(),
         },
+        per_page_ns: BTreeMap::new(),
         counters: Counters {
             cpu_faults: cov.cpu_faults.then(|| med(|c| c.user_faults)),
             minor_faults: Stats::of(head.iter().map(|(_, p)| p.minor_faults).collect()).median,
@@ -669,7 +670,25 @@ fn phase_report(phase: Phase, input: &CaseInput, cats: &CategoryCounts, owners: 
         wall_ns: wall,
         folded: file("folded"),
         flamegraph: file("svg"),
-    })
+    };
+    report.per_page_ns = per_page_ns(&report, input.workload.size.bytes());
+    Some(report)
+}
+
+/// ns per 4 KiB page of a `bytes` buffer, per category, at `p`'s headline time.
+fn per_page_ns(p: &PhaseReport, bytes: u64) -> BTreeMap<Category, f64> {
+    let pages = (bytes / 4096).max(1) as f64;
+    let wall = p.wall_ns.median as f64;
+    let shares: BTreeMap<Category, f64> = if p.exact.available && p.exact.wall_ns > 0 {
+        CATEGORIES.iter().map(|c| (*c, p.exact.share(*c))).collect()
+    } else {
+        p.sampled.categories.clone()
+    };
+    shares
+        .into_iter()
+        .filter(|(_, s)| *s > 0.0)
+        .map(|(c, s)| (c, s * wall / pages))
+        .collect()
 }
 
 /// Median over the exact pass's iterations of syscall time / wall time (None: no iteration
@@ -973,6 +992,8 @@ mod tests {
         );
         assert!(p.gib_per_s > 0.0);
         assert_eq!(e.categories[&Category::Pinning], 500);
+        // 1 MiB is 256 pages of 4 KiB: 500 ns of a 1 ms exact iteration at a 1 ms headline.
+        assert!((p.per_page_ns[&Category::Pinning] - 500.0 / 256.0).abs() < 1e-9);
         assert_eq!(e.categories[&Category::IommuMap], 300);
         assert_eq!(e.categories[&Category::Other], 999_100);
         assert_eq!(e.unattributed_ns, 100);

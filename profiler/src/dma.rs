@@ -91,6 +91,17 @@ fn ioctl_ptr<T>(fd: RawFd, req: libc::c_ulong, arg: &mut T, step: &str) -> Resul
     if r < 0 { Err(err(step)) } else { Ok(r) }
 }
 
+/// The mean time of one empty ioctl (`VFIO_GET_API_VERSION` on the container) over
+/// `iterations` calls, ns; None without /dev/vfio/vfio.
+pub fn empty_ioctl_ns(iterations: u32) -> Option<u64> {
+    let container = crate::sys::open_rw("/dev/vfio/vfio").ok()?;
+    let start = std::time::Instant::now();
+    for _ in 0..iterations {
+        ioctl_val(container.as_raw_fd(), VFIO_GET_API_VERSION, 0, "VFIO_GET_API_VERSION").ok()?;
+    }
+    Some(start.elapsed().as_nanos() as u64 / u64::from(iterations.max(1)))
+}
+
 /// ioctl with an integer argument.
 fn ioctl_val(fd: RawFd, req: libc::c_ulong, arg: libc::c_ulong, step: &str) -> Result<i32, DmaError> {
     // SAFETY: these VFIO requests take their argument by value and touch no user memory.

@@ -163,6 +163,31 @@ fn per_page(case: &CaseReport, ns: u64) -> f64 {
     ns as f64 / (case.size_bytes / PAGE).max(1) as f64
 }
 
+/// How `p`'s zeroing and faulting compare with this machine's floors (`report.floors`): the
+/// zeroing rate against the clear bandwidth, the per-page fault cost against one 4 KiB fault
+/// taken from user space. None without floors or without zeroing.
+fn against_floors(report: &Report, case: &CaseReport, p: &PhaseReport) -> Option<String> {
+    let f = report.floors.as_ref()?;
+    let zeroing = ns_of(p, &[Category::Zeroing]);
+    if zeroing == 0 {
+        return None;
+    }
+    let rate = case.size_bytes as f64 / (1u64 << 30) as f64 / (zeroing as f64 / 1e9);
+    let mut out = format!(
+        "zeroing runs at {rate:.2} GiB/s, this machine clears at {:.2} GiB/s: {:.0}% of the limit",
+        f.clear_gib_per_s,
+        rate / f.clear_gib_per_s * 100.0
+    );
+    if let Some(fault) = f.fault_4k_ns {
+        let both = per_page(case, ns_of(p, &[Category::Faulting, Category::Zeroing]));
+        let _ = write!(
+            out,
+            "; faulting + zeroing {both:.0} ns per 4 KiB page against {fault} ns for one 4 KiB fault from user space"
+        );
+    }
+    Some(out)
+}
+
 fn demand_faults_in_map(report: &Report, case: &CaseReport) -> Option<Fired> {
     let map = phase(case, Phase::Map)?;
     let cats = [Category::Faulting, Category::Zeroing];
@@ -173,6 +198,9 @@ fn demand_faults_in_map(report: &Report, case: &CaseReport) -> Option<Fired> {
     let mut evidence = format!("{} of a {} map", ms(ns), ms(map.wall_ns.median));
     if let Some((calls, _)) = row(map, "handle_mm_fault") {
         let _ = write!(evidence, "; {calls} handle_mm_fault calls");
+    }
+    if let Some(floors) = against_floors(report, case, map) {
+        let _ = write!(evidence, "; {floors}");
     }
     if let Some(populated) = sibling(report, case, Prefault::Populate) {
         let (mmap, pmap) = (phase(populated, Phase::Mmap)?, phase(populated, Phase::Map)?);
@@ -292,7 +320,7 @@ fn iotlb_sync_per_map(report: &Report, case: &CaseReport) -> Option<Fired> {
     })
 }
 
-fn memfd_pin_allocates(_: &Report, case: &CaseReport) -> Option<Fired> {
+fn memfd_pin_allocates(report: &Report, case: &CaseReport) -> Option<Fired> {
     let map = phase(case, Phase::Map)?;
     let cats = [Category::Faulting, Category::Zeroing];
     let (calls, _) = row(map, "memfd_pin_folios")?;
@@ -311,10 +339,16 @@ fn memfd_pin_allocates(_: &Report, case: &CaseReport) -> Option<Fired> {
         why: "the map pins the file by offset (memfd_pin_folios), which allocates and zeroes every folio the \
               file does not have yet"
             .into(),
-        evidence: format!(
-            "{} in {calls} memfd_pin_folios calls that allocated {allocs} folios",
-            ms(ns)
-        ),
+        evidence: match against_floors(report, case, map) {
+            Some(floors) => format!(
+                "{} in {calls} memfd_pin_folios calls that allocated {allocs} folios; {floors}",
+                ms(ns)
+            ),
+            None => format!(
+                "{} in {calls} memfd_pin_folios calls that allocated {allocs} folios",
+                ms(ns)
+            ),
+        },
         fix: "fill the memfd before mapping it (fallocate, or mmap with MAP_POPULATE)".into(),
     })
 }
@@ -525,6 +559,37 @@ mod tests {
             demand
                 .evidence
                 .contains("populated first (vfio_type1_iommu_anonymous.populate)")
+        );
+    }
+
+    #[test]
+    fn zeroing_is_held_against_the_floors() {
+        let mut r = matrix();
+        assert!(
+            explain(&r)
+                .findings
+                .iter()
+                .all(|f| !f.evidence.contains("of the limit")),
+            "no floors, no comparison"
+        );
+        r.floors = Some(crate::floors::Floors {
+            clear_gib_per_s: 10.0,
+            clear_how: String::new(),
+            fault_4k_ns: Some(2000),
+            fault_how: String::new(),
+            empty_ioctl_ns: None,
+            ioctl_how: String::new(),
+        });
+        let e = explain(&r);
+        let f = e
+            .findings
+            .iter()
+            .find(|f| f.rule == "demand_faults_in_map" && f.case == "vfio_type1_iommu_anonymous.none")
+            .expect("the type1 demand map is explained");
+        assert!(
+            f.evidence.contains("this machine clears at 10.00 GiB/s") && f.evidence.contains("against 2000 ns"),
+            "{}",
+            f.evidence
         );
     }
 

@@ -3,7 +3,7 @@
 //! Data flows one way: [`cli`] options -> [`plan`] (the [`matrix`] of cases against the host's
 //! [`facts`]) -> [`session`] runs the [`workload`] (with [`dma`], [`device`], [`hugepages`])
 //! under the probes ([`probes`] declares them, [`loader`] attaches and reads them,
-//! [`calibrate`] measures what they cost) ->
+//! [`calibrate`] measures what they cost, [`floors`] what the machine can do at best) ->
 //! [`attribution`] (exact + sampled, by the one [`category`] table) -> [`report`], written by
 //! [`output`] and shown by [`table`], [`diff`], [`explain`], [`export`] (KTAP, CSV) and [`flamegraph`]. [`stop`] owns signals and
 //! the emergency clean-up; [`doctor`], [`kernel`], [`privileges`] and [`leftovers`] find the
@@ -26,6 +26,7 @@ pub mod explain;
 pub mod export;
 pub mod facts;
 pub mod flamegraph;
+pub mod floors;
 pub mod hugepages;
 pub mod kernel;
 pub mod leftovers;

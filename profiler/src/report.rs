@@ -45,6 +45,10 @@ pub struct Report {
     /// pass, or nothing could be measured).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub probe_cost: Option<ProbeCost>,
+    /// What this machine can do at best (clear bandwidth, a 4 KiB fault, an empty ioctl),
+    /// measured before anything was attached.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub floors: Option<crate::floors::Floors>,
     /// True when the run was interrupted and the report covers only what finished.
     #[serde(default)]
     pub partial: bool,
@@ -305,6 +309,11 @@ pub struct PhaseReport {
     /// The traced passes' wall times and what tracing cost against `wall_ns`.
     #[serde(default)]
     pub passes: BTreeMap<Pass, PassTimes>,
+    /// The cost model: ns per 4 KiB page of the buffer, per category, at the headline
+    /// (untraced) time (exact shares less probe cost where measured, else sampled shares).
+    /// For hugetlb backings multiply by the hugepage's 4 KiB pages for the cost per hugepage.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub per_page_ns: BTreeMap<Category, f64>,
     /// Counters.
     pub counters: Counters,
     /// Folded-stack file, relative to the report's directory (None: no stacks were sampled,

@@ -130,6 +130,8 @@ impl Session {
         control.enter(Stage::SetUp);
         let symbols = KernelSymbols::load().ok();
         let mut report = self.new_report(symbols.as_ref());
+        // Before anything is attached: floors are what the machine does untraced.
+        report.floors = Some(crate::floors::measure());
         control.enter(Stage::Attaching);
         let started = Instant::now();
         let mut probes = self.attach(symbols.as_ref())?;
@@ -212,6 +214,7 @@ impl Session {
             partial: false,
             timing: Timing::default(),
             probe_cost: None,
+            floors: None,
         }
     }
 

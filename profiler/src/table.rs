@@ -84,6 +84,15 @@ fn header(report: &Report) -> String {
         word(&t.defrag),
         c.thp
     );
+    if let Some(f) = &report.floors {
+        let _ = writeln!(
+            out,
+            "floors: clears memory at {:.2} GiB/s, a 4 KiB fault takes {}, an empty VFIO ioctl {}",
+            f.clear_gib_per_s,
+            f.fault_4k_ns.map_or("-".into(), |n| format!("{n} ns")),
+            f.empty_ioctl_ns.map_or("- (no VFIO)".into(), |n| format!("{n} ns"))
+        );
+    }
     let unavailable = report
         .cases
         .iter()
