@@ -26,6 +26,7 @@ pub mod explain;
 pub mod export;
 pub mod facts;
 pub mod flamegraph;
+pub mod html;
 pub mod hugepages;
 pub mod kernel;
 pub mod leftovers;

@@ -179,9 +179,15 @@ fn populate_is_zeroing_and_faulting_inside_mmap() {
     // pass; the untraced headline is another iteration and may be shorter.
     let wall = mmap["passes"]["exact"]["wall_ns"]["median"].as_u64().unwrap();
     let kernel = mmap["kernel_ns"]["median"].as_u64().unwrap();
-    assert!(kernel > 0 && kernel <= wall, "kernel {kernel} ns vs exact-pass wall {wall} ns");
+    assert!(
+        kernel > 0 && kernel <= wall,
+        "kernel {kernel} ns vs exact-pass wall {wall} ns"
+    );
     let share = mmap["kernel_share"].as_f64().unwrap();
-    assert!(share > 0.9 && share <= 1.0, "a populating mmap is all kernel time: {share}");
+    assert!(
+        share > 0.9 && share <= 1.0,
+        "a populating mmap is all kernel time: {share}"
+    );
     assert!(
         mmap["counters"]["minor_faults"].as_u64().unwrap() >= 262_144,
         "GUP-driven faults counted by rusage"
@@ -323,8 +329,13 @@ fn no_trace_claims_nothing_it_did_not_measure() {
         );
         assert_eq!(p["exact"]["available"], false);
     }
-    let files: Vec<_> = fs::read_dir(&dir).unwrap().flatten().map(|e| e.file_name()).collect();
-    assert_eq!(files, ["report.json"], "--no-trace writes the report and no flamegraph");
+    let mut files: Vec<_> = fs::read_dir(&dir).unwrap().flatten().map(|e| e.file_name()).collect();
+    files.sort();
+    assert_eq!(
+        files,
+        ["index.html", "report.json"],
+        "--no-trace writes the report and its page, no flamegraph"
+    );
     // The table shows `-` for what was not measured, not 0.
     let row = text.lines().find(|l| l.trim_start().starts_with("mmap")).unwrap();
     assert!(row.contains(" -/") && row.contains(" - "), "{row}");
