@@ -83,7 +83,7 @@ fn browse(chromium: &Path, url: &str, args: &[&str]) -> (String, Vec<String>) {
 }
 
 /// A page that opens the report at `#case-<case>` in a frame, then searches and zooms in that
-/// case's first flamegraph and writes what it saw into `#out` (the frames are all file: and
+/// case's first flamegraph, sorts its exact rows by calls, and writes what it saw into `#out` (the frames are all file: and
 /// blob: documents of one origin with --allow-file-access-from-files).
 fn harness(case: &str) -> String {
     format!(
@@ -101,6 +101,11 @@ setTimeout(() => {{
   const leaf = [...d.querySelectorAll('#frames > g')].find(g => g.textContent.includes('handle_mm_fault'));
   leaf.dispatchEvent(new MouseEvent('click', {{ bubbles: true }}));
   out.push('zoomed ' + !d.getElementById('unzoom').classList.contains('hide'));
+  const table = page.querySelector('#case-' + CSS.escape('{case}') + ' table.data');
+  const calls = [...table.tHead.rows[0].cells].findIndex(th => th.textContent === 'calls');
+  table.tHead.rows[0].cells[calls].click();
+  const v = [...table.tBodies[0].rows].map(r => parseFloat(r.cells[calls].dataset.v));
+  out.push('sorted ' + (v.length > 1 && v.every((x, i) => i === 0 || v[i - 1] >= x)));
   document.getElementById('out').textContent = out.join('\n');
 }}, 3000);
 </script></body></html>"#
@@ -189,7 +194,7 @@ fn the_html_report_works_in_a_browser() {
     eprintln!("screenshot of the heat map: {}", shot.display());
 }
 
-/// Searches and zooms in the first flamegraph of `case`, as a reader would.
+/// Searches and zooms in the first flamegraph of `case` and sorts its rows, as a reader would.
 fn interact(chromium: &Path, dir: &Path, case: &str, figures: usize) {
     let page = dir.join("harness.html");
     fs::write(&page, harness(case)).unwrap();
@@ -211,4 +216,8 @@ fn interact(chromium: &Path, dir: &Path, case: &str, figures: usize) {
         "search works inside the page: {out}"
     );
     assert!(out.contains("zoomed true"), "zoom works inside the page: {out}");
+    assert!(
+        out.contains("sorted true"),
+        "a click on a heading sorts the exact rows: {out}"
+    );
 }
