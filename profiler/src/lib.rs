@@ -5,7 +5,8 @@
 //! under the probes ([`probes`] declares them, [`loader`] attaches and reads them,
 //! [`calibrate`] measures what they cost) ->
 //! [`attribution`] (exact + sampled, by the one [`category`] table) -> [`report`], written by
-//! [`output`] and shown by [`table`], [`diff`], [`explain`], [`export`] (KTAP, CSV) and [`flamegraph`]. [`stop`] owns signals and
+//! [`output`] and shown by [`table`], [`html`] (the HTML report), [`diff`], [`explain`], [`export`]
+//! (KTAP, CSV) and [`flamegraph`]. [`stop`] owns signals and
 //! the emergency clean-up; [`doctor`], [`kernel`], [`privileges`] and [`leftovers`] find the
 //! host's facts.
 

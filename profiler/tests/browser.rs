@@ -179,6 +179,7 @@ fn the_html_report_works_in_a_browser() {
     );
     assert_eq!(section.matches("<iframe").count(), figures, "each in its frame");
     interact(&chromium, &dir, &first, figures);
+    diff_page(&chromium, &dir, &first);
     fs::write(dir.join("heatmap.html"), HEAT_MAP).unwrap();
     let shot = dir.join("index.png");
     let (_, console) = browse(
@@ -220,4 +221,29 @@ fn interact(chromium: &Path, dir: &Path, case: &str, figures: usize) {
         out.contains("sorted true"),
         "a click on a heading sorts the exact rows: {out}"
     );
+}
+
+/// diff.html of the report against itself, opened at `case`: its differential flamegraphs
+/// unpack in their frames and the console stays quiet.
+fn diff_page(chromium: &Path, dir: &Path, case: &str) {
+    let report = dir.join("report.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_dmaprof"))
+        .arg("diff")
+        .args([&report, &report])
+        .arg("-o")
+        .arg(dir.join("diff"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let page = dir.join("diff/diff.html");
+    let (dom, console) = browse(
+        chromium,
+        &format!("file://{}#case-{case}", page.display()),
+        &["--dump-dom"],
+    );
+    assert!(console.is_empty(), "the diff page's console: {console:#?}");
+    let section = dom.split(&format!("id=\"case-{case}\"")).nth(1).unwrap();
+    let section = section.split("<section").next().unwrap();
+    let shown = section.matches("data-state=\"shown\"").count();
+    assert!(shown > 0 && section.matches("<iframe").count() == shown, "{section}");
 }
