@@ -88,21 +88,31 @@ impl Category {
 }
 
 impl Category {
-    /// Its colour in flamegraphs (r, g, b).
+    /// Its colour, in the flamegraphs and the HTML report alike: Paul Tol's "light" scheme
+    /// (made for black text on coloured cells, distinguishable with the common colour-vision
+    /// deficiencies) plus a light purple and two greys. The categories that share a phase get
+    /// colours far apart (the map phase's six, the unmap phase's five); release's olive is near
+    /// unpinning's pear, but release is alone in munmap and close.
     pub fn color(self) -> (u8, u8, u8) {
         match self {
-            Category::Zeroing => (230, 85, 13),
-            Category::Faulting => (253, 174, 107),
-            Category::Pinning => (49, 130, 189),
-            Category::IommuMap => (49, 163, 84),
-            Category::IommuFlush => (161, 217, 155),
-            Category::Accounting => (117, 107, 177),
-            Category::IommuLookup => (0, 109, 44),
-            Category::Unpinning => (107, 174, 214),
-            Category::Release => (253, 208, 162),
-            Category::User => (189, 189, 189),
-            Category::Other => (222, 222, 222),
+            Category::Zeroing => (0xee, 0x88, 0x66),
+            Category::Faulting => (0xee, 0xdd, 0x88),
+            Category::Pinning => (0x77, 0xaa, 0xdd),
+            Category::IommuMap => (0x44, 0xbb, 0x99),
+            Category::IommuFlush => (0xff, 0xaa, 0xbb),
+            Category::Accounting => (0xcc, 0x99, 0xcc),
+            Category::IommuLookup => (0x99, 0xdd, 0xff),
+            Category::Unpinning => (0xbb, 0xcc, 0x33),
+            Category::Release => (0xaa, 0xaa, 0x00),
+            Category::User => (0xbb, 0xbb, 0xbb),
+            Category::Other => (0xdd, 0xdd, 0xdd),
         }
+    }
+
+    /// [`Category::color`] as CSS (`#rrggbb`).
+    pub fn css_color(self) -> String {
+        let (r, g, b) = self.color();
+        format!("#{r:02x}{g:02x}{b:02x}")
     }
 }
 

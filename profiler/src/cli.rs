@@ -91,6 +91,10 @@ pub enum Command {
         /// Print CSV (a row per case and phase, every category) instead of the tables.
         #[arg(long)]
         csv: bool,
+        /// (Re)write the HTML report (index.html, with the flamegraphs found next to the report)
+        /// beside the report and print its path instead of the tables.
+        #[arg(long, conflicts_with_all = ["json", "ktap", "csv"])]
+        html: bool,
     },
     /// Say what a run's numbers mean: ranked findings (what costs the time, why, the evidence,
     /// what would remove it) and the numbers to read with care.

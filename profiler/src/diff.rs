@@ -11,6 +11,8 @@ use serde::{Deserialize, Serialize};
 use crate::{
     category::{CATEGORIES, Category},
     flamegraph::{self, Folded},
+    html,
+    output::OutputError,
     report::{self, PhaseReport, ReadError, Report},
     size::HumanSize,
     sys,
@@ -327,12 +329,169 @@ pub fn write_flamegraphs(
     Ok(written)
 }
 
+/// What the page's colours mean.
+const LEGEND: &str = "<p>Rows in <span class=\"sw\" style=\"background:#fde0dd\"></span>red (&#9650;) got \
+    significantly slower, in <span class=\"sw\" style=\"background:#deebf7\"></span>blue (&#9660;) significantly \
+    faster: every iteration of one run beyond every iteration of the other, the medians further apart than either \
+    run's own range. <code>~</code>: within the noise (hover for why). In the differential flamegraphs a frame is as \
+    wide as its samples <i>after</i>; <b>red</b> frames have more samples after than before, <b>blue</b> fewer, the \
+    deeper the colour the larger the change; pale frames did not change.</p>\n";
+
+/// The comparison as a page (`diff.html`): the phases side by side with ratios, significant
+/// changes marked, and the differential flamegraphs `svgs` finds (by `<case>/<phase>.svg`).
+pub fn render_html(d: &RunDiff, svgs: html::SvgSource) -> String {
+    let mut body = format!(
+        "<h1>dmaprof diff: Linux {} &#8594; Linux {}</h1>\n",
+        html::esc(&d.kernels.0),
+        html::esc(&d.kernels.1)
+    );
+    for w in &d.warnings {
+        let _ = writeln!(body, "<p class=\"warn\">{}</p>", html::esc(w));
+    }
+    body += LEGEND;
+    body += &html_summary(d);
+    let mut shared = html::SharedScripts::default();
+    let mut cases: Vec<&str> = d.phases.iter().map(|p| p.case.as_str()).collect();
+    cases.dedup();
+    for case in cases {
+        let phases: Vec<&PhaseDiff> = d.phases.iter().filter(|p| p.case == case).collect();
+        body += &html_case(case, &phases, svgs, &mut shared);
+    }
+    for (which, names) in [("first", &d.only_before), ("second", &d.only_after)] {
+        for n in names {
+            let _ = writeln!(body, "<p class=\"note\">only in the {which} run: {}</p>", html::esc(n));
+        }
+    }
+    let title = format!("dmaprof diff: {} -> {}", d.kernels.0, d.kernels.1);
+    html::page(&title, &body, &shared)
+}
+
+/// A phase's change in words: percentage and ratio when significant, `~` with the reason
+/// (as a tooltip) when not; and the row's class.
+fn html_change(p: &PhaseDiff) -> (String, String, &'static str) {
+    match (p.significant, p.ratio) {
+        (true, Some(r)) => {
+            let (mark, class) = if r > 1.0 {
+                ("&#9650;", "slower")
+            } else {
+                ("&#9660;", "faster")
+            };
+            (format!("{mark} {:+.1}%", p.delta_pct), format!("x{r:.2}"), class)
+        }
+        _ => {
+            let why = html::esc(p.noise.as_deref().unwrap_or(""));
+            (
+                format!("<span title=\"{why}\">~</span>"),
+                format!("<span title=\"{why}\">~</span>"),
+                "",
+            )
+        }
+    }
+}
+
+/// Every phase in one sortable table.
+fn html_summary(d: &RunDiff) -> String {
+    let mut out = String::from("<h2>Every phase</h2><table class=\"data\"><thead><tr>");
+    for (h, numeric) in [
+        ("case", false),
+        ("phase", false),
+        ("before ms", true),
+        ("after ms", true),
+        ("delta ms", true),
+        ("change", false),
+        ("after/before", false),
+        ("category changes (exact ms, or sampled pp)", false),
+    ] {
+        let _ = write!(out, "<th class=\"sort{}\">{h}</th>", if numeric { " n" } else { "" });
+    }
+    out += "</tr></thead><tbody>\n";
+    for p in &d.phases {
+        let (pct, ratio, class) = html_change(p);
+        let _ = writeln!(
+            out,
+            "<tr class=\"{class}\"><td><a href=\"#{}\">{}</a></td><td>{}</td><td class=\"n\" data-v=\"{}\">{}</td>\
+             <td class=\"n\" data-v=\"{}\">{}</td><td class=\"n\" data-v=\"{}\">{:+.3}</td><td>{pct}</td><td>{ratio}</td><td>{}</td></tr>",
+            html::esc(&html::case_id(&p.case)),
+            html::esc(&p.case),
+            p.phase.name(),
+            p.before_ns,
+            ms(p.before_ns),
+            p.after_ns,
+            ms(p.after_ns),
+            p.delta_ns,
+            p.delta_ns as f64 / 1e6,
+            html::esc(&category_changes(p))
+        );
+    }
+    out + "</tbody></table>\n"
+}
+
+/// A case: each phase's exact categories before and after as two bars on one scale, and its
+/// differential flamegraphs.
+fn html_case(case: &str, phases: &[&PhaseDiff], svgs: html::SvgSource, shared: &mut html::SharedScripts) -> String {
+    let mut out = format!(
+        "<section class=\"case\" id=\"{}\"><h3>{}</h3>\n{}",
+        html::esc(&html::case_id(case)),
+        html::esc(case),
+        html::category_legend()
+    );
+    let longest = phases
+        .iter()
+        .map(|p| p.before_ns.max(p.after_ns))
+        .max()
+        .unwrap_or(1)
+        .max(1) as f64;
+    for p in phases {
+        let bar = |pick: fn(&(u64, u64, i64)) -> u64, wall: u64| {
+            let shares: Vec<(Category, f64, u64)> =
+                p.exact.iter().map(|(c, v)| (*c, pick(v) as f64, pick(v))).collect();
+            html::stacked_bar(&shares, wall as f64 / longest * 100.0, None)
+        };
+        let (pct, ratio, _) = html_change(p);
+        let _ = writeln!(
+            out,
+            "<div class=\"phase\"><b>{} before</b><span>{}</span>{}</div>\
+             <div class=\"phase\"><b>after</b><span>{} · {pct} · {ratio}</span>{}</div>",
+            p.phase.name(),
+            html::ms_unit(p.before_ns),
+            bar(|v| v.0, p.before_ns),
+            html::ms_unit(p.after_ns),
+            bar(|v| v.1, p.after_ns)
+        );
+    }
+    let mut figures = String::new();
+    for p in phases {
+        let rel = format!("{case}/{}.svg", p.phase.name());
+        if svgs(&rel).is_some() {
+            figures += &html::flamegraph(
+                &format!("{}: before -> after", p.phase.name()),
+                Some(&rel),
+                svgs,
+                shared,
+            )
+            .0;
+        }
+    }
+    if figures.is_empty() {
+        figures = "<p class=\"note\">No differential flamegraphs: a run has no folded stacks for this case.</p>".into();
+    }
+    let _ = writeln!(
+        out,
+        "<details class=\"flamegraphs\" id=\"fg-{}\"><summary>Differential flamegraphs</summary>{figures}</details></section>",
+        html::esc(case)
+    );
+    out
+}
+
 /// Why `dmaprof diff` could not compare two runs.
 #[derive(Debug, thiserror::Error)]
 pub enum DiffError {
     /// A report could not be read (exit code 2: the user named the wrong file).
     #[error(transparent)]
     Read(#[from] ReadError),
+    /// diff.html could not be written.
+    #[error(transparent)]
+    Html(#[from] OutputError),
     /// The differential flamegraphs could not be written.
     #[error("writing differential flamegraphs into {}", dir.display())]
     Flamegraphs {
@@ -352,8 +511,8 @@ impl DiffError {
 }
 
 /// `dmaprof diff`: reads both reports, compares them and writes the differential flamegraphs
-/// into `dir` (default `dmaprof-out/diff-<timestamp>`). Returns the comparison and its table,
-/// which ends with where the flamegraphs went.
+/// and diff.html into `dir` (default `dmaprof-out/diff-<timestamp>`). Returns the comparison
+/// and its table, which ends with where the flamegraphs and the page went.
 pub fn compare_files(before: &Path, after: &Path, dir: Option<PathBuf>) -> Result<(RunDiff, String), DiffError> {
     let (a, b) = (report::read(before)?, report::read(after)?);
     let d = diff(&a, &b);
@@ -362,7 +521,19 @@ pub fn compare_files(before: &Path, after: &Path, dir: Option<PathBuf>) -> Resul
         dir: dir.clone(),
         source,
     })?;
-    let text = render_diff(&d) + &format!("\n{written} differential flamegraphs in {}\n", dir.display());
+    let page = render_html(&d, &|rel| std::fs::read_to_string(dir.join(rel)).ok());
+    std::fs::create_dir_all(&dir).map_err(|source| DiffError::Flamegraphs {
+        dir: dir.clone(),
+        source,
+    })?;
+    let html_path = dir.join("diff.html");
+    crate::output::write_atomic(&html_path, &page)?;
+    let text = render_diff(&d)
+        + &format!(
+            "\n{written} differential flamegraphs in {}\nhtml: {}\n",
+            dir.display(),
+            html_path.display()
+        );
     Ok((d, text))
 }
 

@@ -11,17 +11,40 @@ use crate::{
     table,
 };
 
-/// `report` in the format asked for; the table ends with where the report is (`path`).
+/// `report` in the format asked for; the table ends with where the report is (`path`) and
+/// the HTML report next to it, when there is one.
 pub fn render(report: &Report, format: Format, path: Option<&Path>) -> String {
     match format {
         Format::Table => {
-            let at = path.map_or(String::new(), |p| format!("\nreport: {}\n", p.display()));
+            let at = path.map_or(String::new(), |p| {
+                let html = p.with_file_name(crate::output::INDEX);
+                let html = if html.is_file() {
+                    format!("html: {}\n", html.display())
+                } else {
+                    String::new()
+                };
+                format!("\nreport: {}\n{html}", p.display())
+            });
             table::render_table(report) + &at
         }
         Format::Json => serde_json::to_string_pretty(report).expect("a report serialises") + "\n",
         Format::Ktap => ktap(report),
         Format::Csv => csv(report),
     }
+}
+
+/// `dmaprof report`: the saved report at `path` in the format asked for, or with `html` the
+/// HTML report (re)written beside it and its path.
+pub fn saved(report: &Report, path: &Path, format: Format, html: bool) -> Result<String, crate::output::OutputError> {
+    if !html {
+        return Ok(render(report, format, None));
+    }
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let written = crate::output::write_index(dir, report)?;
+    Ok(format!("html: {}\n", written.display()))
 }
 
 fn ms(ns: u64) -> String {

@@ -5,7 +5,8 @@
 //! under the probes ([`probes`] declares them, [`loader`] attaches and reads them,
 //! [`calibrate`] measures what they cost, [`floors`] what the machine can do at best) ->
 //! [`attribution`] (exact + sampled, by the one [`category`] table) -> [`report`], written by
-//! [`output`] and shown by [`table`], [`diff`], [`explain`], [`export`] (KTAP, CSV) and [`flamegraph`]. [`stop`] owns signals and
+//! [`output`] and shown by [`table`], [`html`] (the HTML report), [`diff`], [`explain`], [`export`]
+//! (KTAP, CSV) and [`flamegraph`]. [`stop`] owns signals and
 //! the emergency clean-up; [`doctor`], [`kernel`], [`privileges`] and [`leftovers`] find the
 //! host's facts.
 
@@ -27,6 +28,7 @@ pub mod export;
 pub mod facts;
 pub mod flamegraph;
 pub mod floors;
+pub mod html;
 pub mod hugepages;
 pub mod kernel;
 pub mod leftovers;

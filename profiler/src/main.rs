@@ -81,9 +81,10 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             json: as_json,
             ktap,
             csv,
-        } => report::read(&path).map_err(Into::into).map(|r| {
-            out(&export::render(&r, Format::of(as_json, ktap, csv), None));
-            ExitCode::SUCCESS
+            html,
+        } => report::read(&path).map_err(Into::into).and_then(|r| {
+            out(&export::saved(&r, &path, Format::of(as_json, ktap, csv), html)?);
+            Ok(ExitCode::SUCCESS)
         }),
         Command::Explain {
             report: path,

@@ -77,6 +77,7 @@ pub fn claim(path: &Path) -> Result<(), NotOurs> {
         let _ = fs::remove_dir_all(path.join(n));
     }
     let _ = fs::remove_file(path.join("report.json"));
+    let _ = fs::remove_file(path.join(INDEX));
     Ok(())
 }
 
@@ -133,18 +134,40 @@ pub fn write_case(dir: &Path, case: &CaseOutput) -> Result<(), OutputError> {
         .map_err(at(&case_dir.join("summary.svg")))
 }
 
+/// Writes `text` to `path` through a temporary file in the same directory and a rename, so a
+/// reader never sees it half-written.
+pub fn write_atomic(path: &Path, text: &str) -> Result<(), OutputError> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.tmp"));
+    fs::write(&tmp, text).map_err(|e| {
+        let _ = fs::remove_file(&tmp);
+        at(path)(e)
+    })?;
+    fs::rename(&tmp, path).map_err(at(path))
+}
+
 /// Writes `report.json` into `dir`, atomically.
 pub fn write_report(dir: &Path, report: &Report) -> Result<PathBuf, OutputError> {
     let path = dir.join("report.json");
-    let tmp = dir.join(".report.json.tmp");
     let json = serde_json::to_string_pretty(report).expect("reports always serialise") + "\n";
-    fs::write(&tmp, json).map_err(|e| {
-        let _ = fs::remove_file(&tmp);
-        at(&path)(e)
-    })?;
-    fs::rename(&tmp, &path).map_err(at(&path))?;
+    write_atomic(&path, &json)?;
     Ok(path)
 }
+
+/// Writes `index.html` into `dir` (the report's directory, whose flamegraphs it embeds),
+/// atomically.
+pub fn write_index(dir: &Path, report: &Report) -> Result<PathBuf, OutputError> {
+    let path = dir.join(INDEX);
+    let html = crate::html::index(report, &|rel| fs::read_to_string(dir.join(rel)).ok());
+    write_atomic(&path, &html)?;
+    Ok(path)
+}
+
+/// The HTML report's file name, next to report.json.
+pub const INDEX: &str = "index.html";
 
 #[cfg(test)]
 mod tests {

@@ -174,6 +174,7 @@ impl Session {
         report.partial |= control.cancelled();
         report.timing.peak_rss_kib = sys::peak_rss_kib();
         output::write_report(&self.out.path, &report)?;
+        output::write_index(&self.out.path, &report)?;
         Ok(report)
     }
 

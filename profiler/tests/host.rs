@@ -329,8 +329,13 @@ fn no_trace_claims_nothing_it_did_not_measure() {
         );
         assert_eq!(p["exact"]["available"], false);
     }
-    let files: Vec<_> = fs::read_dir(&dir).unwrap().flatten().map(|e| e.file_name()).collect();
-    assert_eq!(files, ["report.json"], "--no-trace writes the report and no flamegraph");
+    let mut files: Vec<_> = fs::read_dir(&dir).unwrap().flatten().map(|e| e.file_name()).collect();
+    files.sort();
+    assert_eq!(
+        files,
+        ["index.html", "report.json"],
+        "--no-trace writes the report and its page, no flamegraph"
+    );
     // The table shows `-` for what was not measured, not 0.
     let row = text.lines().find(|l| l.trim_start().starts_with("mmap")).unwrap();
     assert!(row.contains(" -/") && row.contains(" - "), "{row}");
@@ -503,6 +508,11 @@ fn report_shape_folded_and_svg_files() {
     assert!(
         t.contains("none_memfd.none") && t.contains("median ms") && t.contains("report:"),
         "{t}"
+    );
+    let page = dir.join("t/index.html");
+    assert!(
+        t.contains(&format!("\nhtml: {}\n", page.display())) && page.is_file(),
+        "the run writes its page and names it: {t}"
     );
     fs::remove_dir_all(dir).unwrap();
 }
@@ -741,9 +751,30 @@ fn report_rerenders_and_diff_compares() {
     );
     let svg = fs::read_to_string(dir_a.join("d1/none_anonymous.populate/mmap.svg")).unwrap();
     assert!(svg.contains("<svg"));
+    diff_page_marks_the_change(&dir_a.join("d2"), &text);
+    let page = fs::read_to_string(dir_a.join("index.html")).unwrap();
+    assert!(page.contains("class=\"cell\" href=\"#case-none_anonymous.populate\""));
     bad_reports_give_one_line(&dir_a, &a);
     fs::remove_dir_all(dir_a).unwrap();
     fs::remove_dir_all(dir_b).unwrap();
+}
+
+/// diff.html in `dir` (named by the diff's `text`) marks the slower mmap and embeds its
+/// differential flamegraph.
+fn diff_page_marks_the_change(dir: &Path, text: &str) {
+    let page = dir.join("diff.html");
+    assert!(text.contains(&format!("html: {}", page.display())), "{text}");
+    let html = fs::read_to_string(page).unwrap();
+    let slower = html.split("<tr class=\"slower\">").nth(1).expect("a row marked slower");
+    assert!(
+        slower.split("</tr>").next().unwrap().contains("<td>mmap</td>"),
+        "{slower}"
+    );
+    assert!(
+        html.contains("data-title=\"mmap: before -&gt; after\""),
+        "the differential flamegraph"
+    );
+    assert!(html.contains("<b>red</b> frames have more samples after than before"));
 }
 
 /// `dmaprof diff A B --json -o OUT`, which must succeed, as JSON.

@@ -29,8 +29,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Install what building dmaprof needs (Debian packages, bpf-linker, the rustup link to
-    /// Debian's toolchain). Idempotent; prints what it installs.
+    /// Install what building and testing dmaprof needs (Debian packages, bpf-linker, the rustup
+    /// link to Debian's toolchain, chromium for the HTML report's browser test). Idempotent;
+    /// prints what it installs.
     Setup,
     /// Set up, then build dmaprof (release) with its BPF object embedded.
     Build,
@@ -48,7 +49,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Setup => setup::ensure_build_deps(),
+        Command::Setup => setup::ensure_build_deps().and_then(|()| setup::ensure_browser()),
         Command::Build => build::build_release().map(|_| ()),
         Command::Run(args) => build::run(args),
         Command::Test(args) => test::run(&args),

@@ -112,6 +112,12 @@ fn choose_toolchain(explicit: Option<String>, has_apt: bool, has_nightly: impl F
     }
 }
 
+/// Ensures the browser the HTML report's test loads the page in (headless; as root it runs
+/// with --no-sandbox). Without it that test is skipped, saying so.
+pub fn ensure_browser() -> Result<()> {
+    ensure_debian_packages("the HTML report's browser test (headless chromium)", &["chromium"])
+}
+
 /// Ensures everything `cargo build -p profiler` needs for its BPF object.
 pub fn ensure_build_deps() -> Result<()> {
     let toolchain = bpf_toolchain();

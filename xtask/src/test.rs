@@ -53,6 +53,7 @@ pub fn run(args: &TestArgs) -> Result<()> {
         "warnings",
     ]))?;
     clippy_bpf_programs(&root)?;
+    crate::setup::ensure_browser()?;
     run_cmd(
         Command::new("cargo")
             .current_dir(&root)
