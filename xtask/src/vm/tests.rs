@@ -566,7 +566,7 @@ fn dma_matrix_custom(c: &Ctx) -> Outcome {
     }
     let report = scratch("matrix-custom").join("report.json");
     let mut notes = String::new();
-    for check in [explain_check, ktap_check] {
+    for check in [explain_check, ktap_check, browser_check] {
         match check(c, &report) {
             Ok(note) => notes += &note,
             Err(e) => problems.push(e),
@@ -577,6 +577,93 @@ fn dma_matrix_custom(c: &Ctx) -> Outcome {
     } else {
         Err(problems.join("; "))
     }
+}
+
+/// A page that opens the report at one case's anchor in a frame and writes how many
+/// flamegraph figures and frames that case shows into `#out`.
+fn browser_harness(case: &str) -> String {
+    format!(
+        r#"<!DOCTYPE html><html><body><pre id="out">not run</pre>
+<iframe id="page" style="width:1280px;height:800px" src="index.html#case-{case}"></iframe>
+<script>
+setTimeout(() => {{
+  const page = document.getElementById('page').contentDocument;
+  const sel = '#fg-' + CSS.escape('{case}') + ' figure.fg';
+  document.getElementById('out').textContent = 'figures ' + page.querySelectorAll(sel).length
+    + ' frames ' + page.querySelectorAll(sel + ' iframe').length;
+}}, 3000);
+</script></body></html>"#
+    )
+}
+
+/// Headless chromium on `url`: the DOM it built, and the page's console lines.
+fn chromium(url: &str, extra: &[&str]) -> Result<(String, Vec<String>), String> {
+    let out = std::process::Command::new("timeout")
+        .args([
+            "120",
+            "/usr/bin/chromium",
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+        ])
+        .args(["--enable-logging=stderr", "--v=0", "--window-size=1280,800"])
+        .args(["--virtual-time-budget=10000", "--allow-file-access-from-files"])
+        .args(extra)
+        .arg(url)
+        .output()
+        .map_err(|e| format!("chromium: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("chromium failed: {}", String::from_utf8_lossy(&out.stderr)));
+    }
+    let console = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter(|l| l.contains("CONSOLE") || l.contains("Uncaught"))
+        .map(str::to_owned)
+        .collect();
+    Ok((String::from_utf8_lossy(&out.stdout).into_owned(), console))
+}
+
+/// The guest run's own index.html in Debian's headless chromium: one heat-map cell per case,
+/// a case's anchor shows its flamegraphs, the console stays quiet; a screenshot is kept next
+/// to the report. Without chromium the check is skipped, loudly.
+fn browser_check(_: &Ctx, report: &Path) -> Result<String, String> {
+    if !Path::new("/usr/bin/chromium").exists() {
+        eprintln!("xtask: SKIP: the browser check: chromium is not installed (cargo xtask setup installs it)");
+        return Ok(", browser check SKIPPED (no chromium)".into());
+    }
+    let dir = report.parent().ok_or("the report has no directory")?;
+    let index = dir.join("index.html");
+    if !index.exists() {
+        return Err(format!("the run wrote no {}", index.display()));
+    }
+    let r: Value = serde_json::from_str(&fs::read_to_string(report).map_err(|e| e.to_string())?)
+        .map_err(|e| format!("report is not JSON: {e}"))?;
+    let cases = r["cases"].as_array().map_or(0, Vec::len);
+    let (dom, console) = chromium(&format!("file://{}", index.display()), &["--dump-dom"])?;
+    let cells = dom.matches("class=\"cell\"").count();
+    let first = r["cases"][0]["name"].as_str().ok_or("no case in the report")?;
+    fs::write(dir.join("browser.html"), browser_harness(first)).map_err(|e| e.to_string())?;
+    let (opened, console2) = chromium(
+        &format!("file://{}", dir.join("browser.html").display()),
+        &["--dump-dom"],
+    )?;
+    let shot = dir.join("index.png");
+    let _ = chromium(
+        &format!("file://{}", index.display()),
+        &[&format!("--screenshot={}", shot.display())],
+    );
+    let seen = opened
+        .split("<pre id=\"out\">")
+        .nth(1)
+        .and_then(|s| s.split("</pre>").next())
+        .unwrap_or("")
+        .to_owned();
+    let note = format!(", browser: {cells} heat-map cells for {cases} cases, {first}: {seen}");
+    let frames_shown = seen.starts_with("figures ") && !seen.starts_with("figures 0") && !seen.ends_with("frames 0");
+    if cells != cases || !frames_shown || !console.is_empty() || !console2.is_empty() {
+        return Err(format!("{note}; console: {console:?} {console2:?}"));
+    }
+    Ok(note)
 }
 
 /// `dmaprof report --ktap` on a guest run's report (the text `run --ktap` prints) parses with
