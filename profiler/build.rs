@@ -1,10 +1,11 @@
 //! Builds profiler-ebpf for the BPF target and leaves the object in OUT_DIR, where `probes`
-//! embeds it. The toolchain is `DMAPROF_BPF_TOOLCHAIN` if set, else Debian's rustc linked into
-//! rustup as `debian` (what `cargo xtask setup` prepares), else `nightly` (a developer laptop
-//! with rust-src).
+//! embeds it, with the toolchain `bpf_toolchain.rs` chooses (xtask follows the same rule).
 use std::{env, process::Command};
 
 use anyhow::{Context as _, anyhow};
+
+#[path = "bpf_toolchain.rs"]
+mod bpf_toolchain;
 
 fn toolchain_works(name: &str) -> bool {
     Command::new("rustup")
@@ -23,11 +24,9 @@ fn main() -> anyhow::Result<()> {
         std::fs::write(out.join("profiler-ebpf"), b"")?;
         return Ok(());
     }
-    let toolchain = match env::var("DMAPROF_BPF_TOOLCHAIN") {
-        Ok(t) if !t.is_empty() => t,
-        _ if toolchain_works("debian") => "debian".to_owned(),
-        _ => "nightly".to_owned(),
-    };
+    let explicit = env::var("DMAPROF_BPF_TOOLCHAIN").ok();
+    let debian = toolchain_works("debian") || std::path::Path::new("/usr/bin/apt-get").exists();
+    let toolchain = bpf_toolchain::choose(explicit.as_deref(), debian, || toolchain_works("nightly"));
     if toolchain != "nightly" && env::var_os("RUSTC_BOOTSTRAP").is_none() {
         // A stable rustc (Debian's) accepts `-Z build-std` only with RUSTC_BOOTSTRAP; aya-build
         // reads it from our environment and passes it on to the inner cargo.

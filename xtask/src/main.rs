@@ -5,6 +5,9 @@
 mod build;
 mod fuzz;
 mod setup;
+// Which toolchain builds the BPF programs: the rule profiler/build.rs follows.
+#[path = "../../profiler/bpf_toolchain.rs"]
+mod bpf_toolchain;
 // The workspace's one size type (std + thiserror only, so xtask compiles the same file).
 #[allow(dead_code, reason = "xtask uses only part of the size API")]
 #[path = "../../profiler/src/size.rs"]

@@ -92,23 +92,24 @@ impl BpfToolchain {
     }
 }
 
-/// Which BPF toolchain to use: `$DMAPROF_BPF_TOOLCHAIN` if set; else Debian's where apt-get is
-/// (it installs it), else a nightly with rust-src if there is one.
+/// Which BPF toolchain to use, by the rule build.rs follows too (`profiler/bpf_toolchain.rs`):
+/// `$DMAPROF_BPF_TOOLCHAIN` if set; else Debian's where apt-get is (setup installs it) or it is
+/// linked already, else a nightly with rust-src if there is one.
 pub fn bpf_toolchain() -> BpfToolchain {
+    let debian = Path::new("/usr/bin/apt-get").exists()
+        || succeeds(Command::new("rustup").args(["run", "debian", "rustc", "--version"]));
     choose_toolchain(
-        std::env::var("DMAPROF_BPF_TOOLCHAIN").ok(),
-        Path::new("/usr/bin/apt-get").exists(),
+        std::env::var("DMAPROF_BPF_TOOLCHAIN").ok().as_deref(),
+        debian,
         nightly_with_rust_src,
     )
 }
 
-fn choose_toolchain(explicit: Option<String>, has_apt: bool, has_nightly: impl FnOnce() -> bool) -> BpfToolchain {
-    match explicit.filter(|t| !t.is_empty()).as_deref() {
-        Some("debian") => BpfToolchain::Debian,
-        Some("nightly") => BpfToolchain::Nightly,
-        Some(other) => BpfToolchain::Named(other.to_owned()),
-        None if !has_apt && has_nightly() => BpfToolchain::Nightly,
-        None => BpfToolchain::Debian,
+fn choose_toolchain(explicit: Option<&str>, debian: bool, has_nightly: impl FnOnce() -> bool) -> BpfToolchain {
+    match crate::bpf_toolchain::choose(explicit, debian, has_nightly).as_str() {
+        "debian" => BpfToolchain::Debian,
+        "nightly" => BpfToolchain::Nightly,
+        other => BpfToolchain::Named(other.to_owned()),
     }
 }
 
@@ -165,20 +166,14 @@ mod tests {
     #[test]
     fn toolchain_choice() {
         let never = || panic!("not asked when the answer is known");
+        assert_eq!(choose_toolchain(Some("nightly"), true, never), BpfToolchain::Nightly);
+        assert_eq!(choose_toolchain(Some("debian"), false, never), BpfToolchain::Debian);
         assert_eq!(
-            choose_toolchain(Some("nightly".into()), true, never),
-            BpfToolchain::Nightly
-        );
-        assert_eq!(
-            choose_toolchain(Some("debian".into()), false, never),
-            BpfToolchain::Debian
-        );
-        assert_eq!(
-            choose_toolchain(Some("my-bpf".into()), true, never),
+            choose_toolchain(Some("my-bpf"), true, never),
             BpfToolchain::Named("my-bpf".into())
         );
         assert_eq!(choose_toolchain(None, true, never), BpfToolchain::Debian);
-        assert_eq!(choose_toolchain(Some(String::new()), true, never), BpfToolchain::Debian);
+        assert_eq!(choose_toolchain(Some(""), true, never), BpfToolchain::Debian);
         assert_eq!(choose_toolchain(None, false, || true), BpfToolchain::Nightly);
         assert_eq!(choose_toolchain(None, false, || false), BpfToolchain::Debian);
         assert_eq!(BpfToolchain::Named("x".into()).name(), "x");
