@@ -275,6 +275,8 @@ fn split(ns: u64, counts: &CategoryCounts) -> BTreeMap<Category, u64> {
 
 /// What a case's attribution starts from.
 pub struct CaseInput<'a> {
+    /// The case's name in this run (with its size when the run sweeps sizes).
+    pub label: &'a str,
     /// The case and size.
     pub workload: &'a Workload,
     /// The iterations of every pass that ran.
@@ -640,7 +642,7 @@ fn phase_report(phase: Phase, input: &CaseInput, cats: &CategoryCounts, owners: 
     } else {
         0.0
     };
-    let (cov, case) = (input.coverage, input.workload.case.name());
+    let (cov, case) = (input.coverage, input.label);
     let file = |ext: &str| cov.samples.then(|| format!("{case}/{}.{ext}", phase.name()));
     let untraced = (wall_pass == Pass::Untraced).then_some(&wall);
     let mut report = PhaseReport {
@@ -750,7 +752,7 @@ pub fn case_report(input: &CaseInput) -> CaseOutput {
         }
     }
     let w = input.workload;
-    let name = w.case.name();
+    let name = input.label.to_owned();
     CaseOutput {
         summary: summary_folded(&phases),
         folded,
@@ -897,6 +899,7 @@ mod tests {
     impl Synthetic {
         fn input(&self) -> CaseInput<'_> {
             CaseInput {
+                label: "vfio_type1_iommu_anonymous.none",
                 workload: &self.workload,
                 runs: &self.runs,
                 drained: &self.drained,
@@ -1211,6 +1214,7 @@ mod tests {
             samples: true,
         };
         let out = case_report(&CaseInput {
+            label: "vfio_type1_iommu_anonymous.none",
             workload: &w,
             runs: &runs,
             drained: &drained,

@@ -130,9 +130,16 @@ pub enum Command {
 /// Options of `dmaprof run`.
 #[derive(clap::Args)]
 pub struct RunArgs {
-    /// Buffer size per case: bytes or with a K/M/G/T suffix.
-    #[arg(short = 'b', long = "size", default_value = "1G", allow_hyphen_values = true)]
-    pub size: ByteSize,
+    /// Buffer size per case: bytes or with a K/M/G/T suffix. A comma list (`64M,128M,256M`)
+    /// runs every case at every size and fits each category's cost against the size.
+    #[arg(
+        short = 'b',
+        long = "size",
+        default_value = "1G",
+        allow_hyphen_values = true,
+        value_delimiter = ','
+    )]
+    pub size: Vec<ByteSize>,
     /// Select cases by shell glob on `<mode>_<backing>.<prefault>` (or on `<mode>_<backing>`
     /// when the pattern has no dot). Repeatable.
     #[arg(short = 'v', long = "variant", value_name = "GLOB")]
@@ -201,8 +208,12 @@ pub struct RunArgs {
 impl RunArgs {
     /// The run options these arguments give; `started` is when the process began.
     pub fn options(&self, started: std::time::Instant) -> RunOptions {
+        let mut sizes = self.size.clone();
+        sizes.sort_by_key(|s| s.bytes());
+        sizes.dedup();
         RunOptions {
-            size: self.size,
+            size: *sizes.last().expect("clap gives at least one size"),
+            sizes,
             variants: self.variants.clone(),
             prefaults: self.prefault.clone(),
             iterations: self.iterations,
@@ -281,6 +292,7 @@ mod tests {
         };
         let o = args.options(std::time::Instant::now());
         assert_eq!(o.size.bytes(), 256 << 20);
+        assert_eq!(o.sizes.len(), 1);
         assert_eq!(o.mechanisms, vec![Mechanism::Fentry, Mechanism::Kprobes]);
         assert_eq!(o.prefaults, vec![Prefault::Touch]);
         assert!(Cli::try_parse_from(["dmaprof", "run", "-b", "100"]).is_err());

@@ -149,10 +149,12 @@ fn row(p: &PhaseReport, function: &str) -> Option<(u64, u64)> {
 
 /// The other case of this run with the same mode and backing and prefault `prefault`.
 fn sibling<'a>(report: &'a Report, case: &CaseReport, prefault: Prefault) -> Option<&'a CaseReport> {
-    report
-        .cases
-        .iter()
-        .find(|c| c.iommu_mode == case.iommu_mode && c.backing == case.backing && c.prefault == prefault)
+    report.cases.iter().find(|c| {
+        c.iommu_mode == case.iommu_mode
+            && c.backing == case.backing
+            && c.prefault == prefault
+            && c.size_bytes == case.size_bytes
+    })
 }
 
 fn ms(ns: u64) -> String {

@@ -521,7 +521,13 @@ fn heat_cell(report: &Report, name: &str) -> String {
     if let Some(f) = report.failed.iter().find(|f| f.name == name) {
         return format!("<td class=\"off\" title=\"{}\">failed</td>", esc(&f.error));
     }
-    let Some(case) = report.cases.iter().find(|c| c.name == name) else {
+    // In a size sweep the cell is the case at its largest size.
+    let Some(case) = report
+        .cases
+        .iter()
+        .filter(|c| crate::sweep::base_name(&c.name) == name)
+        .max_by_key(|c| c.size_bytes)
+    else {
         return match report.skipped.iter().find(|s| s.name == name) {
             Some(s) => format!(
                 "<td class=\"off\" title=\"{}: {}\">skipped</td>",
@@ -588,6 +594,15 @@ fn case_section(case: &CaseReport, svgs: SvgSource, shared: &mut SharedScripts) 
         let _ = writeln!(out, "<p class=\"note\">{}</p>", esc(&line));
     }
     out += &rows_table(case);
+    if case.name.contains('@')
+        && let Some(plot) = svgs(&format!("{}/sweep.svg", crate::sweep::base_name(&case.name)))
+    {
+        // A static picture (no script, no ids): safe to inline as it is.
+        let _ = writeln!(
+            out,
+            "<figure class=\"sweep\"><figcaption>time against size</figcaption>{plot}</figure>"
+        );
+    }
     out += &case_flamegraphs(case, svgs, shared);
     out + "</section>\n"
 }

@@ -43,6 +43,7 @@ pub mod report;
 pub mod session;
 pub mod size;
 pub mod stop;
+pub mod sweep;
 pub mod symbols;
 pub mod sys;
 pub mod table;

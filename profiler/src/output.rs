@@ -157,6 +157,19 @@ pub fn write_report(dir: &Path, report: &Report) -> Result<PathBuf, OutputError>
     Ok(path)
 }
 
+/// Writes each sweep's plot (`<dir>/<case>/sweep.svg`).
+pub fn write_sweeps(dir: &Path, sweeps: &[crate::report::Sweep]) -> Result<(), OutputError> {
+    for s in sweeps {
+        let Some(rel) = &s.plot else { continue };
+        let path = dir.join(rel);
+        if let Some(parent) = path.parent() {
+            fs::create_dir_all(parent).map_err(at(parent))?;
+        }
+        write_atomic(&path, &crate::sweep::svg(s))?;
+    }
+    Ok(())
+}
+
 /// Writes `index.html` into `dir` (the report's directory, whose flamegraphs it embeds),
 /// atomically.
 pub fn write_index(dir: &Path, report: &Report) -> Result<PathBuf, OutputError> {

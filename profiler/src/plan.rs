@@ -14,8 +14,10 @@ use crate::{
 /// Options of `dmaprof run`, validated.
 #[derive(Clone, Debug)]
 pub struct RunOptions {
-    /// Buffer size per case.
+    /// The largest buffer size (what must fit in memory).
     pub size: ByteSize,
+    /// Every buffer size, ascending: each case runs at each (a size sweep when more than one).
+    pub sizes: Vec<ByteSize>,
     /// -v patterns.
     pub variants: Vec<String>,
     /// Prefaults to run.
@@ -98,10 +100,9 @@ pub enum PlanError {
 /// Why this host cannot run `case` (None: it can), from the capabilities found.
 pub fn cannot_run(case: &Case, opts: &RunOptions, caps: &Capabilities) -> Option<String> {
     let page = case.backing.page_size();
-    if !opts.size.is_multiple_of(page) {
+    if let Some(size) = opts.sizes.iter().find(|s| !s.is_multiple_of(page)) {
         return Some(format!(
-            "size {} is not a multiple of the {} page size",
-            opts.size,
+            "size {size} is not a multiple of the {} page size",
             HumanSize(page)
         ));
     }
@@ -164,6 +165,7 @@ mod tests {
     fn opts(size: &str, device: Option<&str>) -> RunOptions {
         RunOptions {
             size: size.parse().unwrap(),
+            sizes: vec![size.parse().unwrap()],
             variants: Vec::new(),
             prefaults: vec![Prefault::None],
             iterations: 1,

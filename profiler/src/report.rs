@@ -45,6 +45,9 @@ pub struct Report {
     /// pass, or nothing could be measured).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub probe_cost: Option<ProbeCost>,
+    /// How each case's cost grows with the size, when the run swept sizes (`-b` list).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sweeps: Vec<Sweep>,
     /// What this machine can do at best (clear bandwidth, a 4 KiB fault, an empty ioctl),
     /// measured before anything was attached.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -102,6 +105,61 @@ pub struct Config {
 
 fn yes() -> bool {
     true
+}
+
+/// How one case's cost grows with the buffer size: a least-squares line per phase and
+/// category over the sizes the run swept.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Sweep {
+    /// The case (its name without the size).
+    pub case: String,
+    /// Its phases that moved memory or mapped it.
+    pub phases: Vec<SweepPhase>,
+    /// The plot of time against size (`<case>/sweep.svg`), if written.
+    #[serde(default)]
+    pub plot: Option<String>,
+}
+
+/// One phase of a [`Sweep`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SweepPhase {
+    /// Phase.
+    pub phase: Phase,
+    /// The headline (untraced median) wall time against the size.
+    pub total: Fit,
+    /// Each category's time (its per-page cost times the pages) against the size, for the
+    /// categories holding 2% or more of the phase at the largest size.
+    pub categories: BTreeMap<Category, Fit>,
+}
+
+/// A least-squares line `fixed_ns + ns_per_gib * GiB` through measured points.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Fit {
+    /// (bytes, ns) per size, ascending.
+    pub points: Vec<(u64, u64)>,
+    /// The line's value at size 0: the fixed cost per call.
+    pub fixed_ns: f64,
+    /// Its slope: the cost per GiB mapped.
+    pub ns_per_gib: f64,
+    /// Coefficient of determination (1: every point on the line).
+    pub r2: f64,
+    /// What the points say about growth.
+    pub shape: Shape,
+}
+
+/// How a cost grows with the size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, strum::Display)]
+#[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
+pub enum Shape {
+    /// The same at every size (a fixed cost).
+    Constant,
+    /// In proportion to the size (R^2 >= 0.95).
+    Linear,
+    /// Faster than the size: each GiB costs more than the one before.
+    SuperLinear,
+    /// None of these: the points scatter.
+    Noisy,
 }
 
 /// One case.

@@ -18,6 +18,7 @@ use crate::{
     privileges,
     probes::{AttachedBy, Pass, ProbeCost},
     report::{self, Config, Failed, Report, Skipped, Timing},
+    size::ByteSize,
     stop::{Control, Stage},
     symbols::KernelSymbols,
     sys::{self, FileLock, LockError},
@@ -157,22 +158,21 @@ impl Session {
             symbols: symbols.as_ref(),
             coverage: &coverage,
         };
-        for case in &self.plan.run {
-            if control.cancelled() {
-                report.partial = true;
-                break;
-            }
-            let stop = self.measure_case(case, &mut report, &mut tracing, control)?;
-            if stop {
-                report.partial = true;
-                break;
+        'cases: for case in &self.plan.run {
+            for &size in &self.opts.sizes {
+                if control.cancelled() || self.measure_case(case, size, &mut report, &mut tracing, control)? {
+                    report.partial = true;
+                    break 'cases;
+                }
             }
         }
+        report.sweeps = crate::sweep::fit_all(&report.cases);
         // From here on a signal no longer shortens the run: the report is complete unless it
         // came before this check.
         control.enter(Stage::Finishing);
         report.partial |= control.cancelled();
         report.timing.peak_rss_kib = sys::peak_rss_kib();
+        output::write_sweeps(&self.out.path, &report.sweeps)?;
         output::write_report(&self.out.path, &report)?;
         output::write_index(&self.out.path, &report)?;
         Ok(report)
@@ -216,6 +216,7 @@ impl Session {
             timing: Timing::default(),
             probe_cost: None,
             floors: None,
+            sweeps: Vec::new(),
         }
     }
 
@@ -242,18 +243,19 @@ impl Session {
     fn measure_case(
         &self,
         case: &Case,
+        size: ByteSize,
         report: &mut Report,
         tracing: &mut Tracing,
         control: &Control,
     ) -> Result<bool, RunError> {
         let mut probes = tracing.probes.as_deref_mut();
-        let name = case.name();
+        let name = self.label(case, size);
         let cost = report.probe_cost.clone();
         let CaseRuns {
             runs,
             failure,
             demotion,
-        } = match self.run_case(case, probes.as_deref_mut(), cost.as_ref(), control) {
+        } = match self.run_case(case, size, probes.as_deref_mut(), cost.as_ref(), control) {
             Ok(r) => r,
             Err(CaseError::Skip(reason)) => {
                 eprintln!("dmaprof: skipping {name}: {reason}");
@@ -278,10 +280,11 @@ impl Session {
         if !runs.is_empty() {
             let workload = Workload {
                 case: *case,
-                size: self.opts.size,
+                size,
                 thp: self.opts.thp,
             };
             let out = attribution::case_report(&CaseInput {
+                label: &name,
                 workload: &workload,
                 runs: &runs,
                 drained: &drained,
@@ -314,12 +317,12 @@ impl Session {
     fn run_case(
         &self,
         case: &Case,
+        size: ByteSize,
         mut probes: Option<&mut Probes>,
         cost: Option<&ProbeCost>,
         control: &Control,
     ) -> Result<CaseRuns, CaseError> {
         control.enter(Stage::Opening(case.name()));
-        let size = self.opts.size;
         let _reservation = match case.backing.hugetlb_kb() {
             Some(kb) => Some(
                 Reservation::reserve(kb, size.pages(case.backing.page_size()))
@@ -329,7 +332,7 @@ impl Session {
         };
         let steps = schedule(&self.opts.passes, self.opts.iterations, self.opts.traced_iterations);
         eprintln!("dmaprof: {} ({} iterations x {size})", case.name(), steps.len());
-        let mut dma = self.dma_context(case)?;
+        let mut dma = self.dma_context(case, size)?;
         let workload = Workload {
             case: *case,
             size,
@@ -442,13 +445,21 @@ impl Session {
         }
     }
 
-    fn dma_context(&self, case: &Case) -> Result<Option<DmaContext>, CaseError> {
+    /// The case's name in this run: with several sizes, the size is part of it.
+    fn label(&self, case: &Case, size: ByteSize) -> String {
+        match self.opts.sizes.len() {
+            1 => case.name(),
+            _ => format!("{}@{}", case.name(), size.short()),
+        }
+    }
+
+    fn dma_context(&self, case: &Case, size: ByteSize) -> Result<Option<DmaContext>, CaseError> {
         let Some(mode) = case.mode else { return Ok(None) };
         let Some(dev) = self.device.as_ref() else {
             return Err(CaseError::Skip("needs a VFIO device".into()));
         };
         let (memfd, page) = (case.backing.memfd(), case.backing.page_size());
-        DmaContext::open(mode, dev, memfd, self.opts.size, page)
+        DmaContext::open(mode, dev, memfd, size, page)
             .map(Some)
             .map_err(|e| CaseError::Fail(e.to_string()))
     }

@@ -63,6 +63,17 @@ impl ByteSize {
         page != 0 && self.0.is_multiple_of(page)
     }
 
+    /// The size as `-b` takes it, without spaces (`64M`, `1G`, `12K`): for names and paths.
+    pub fn short(self) -> String {
+        HumanSize(self.0)
+            .to_string()
+            .replace(" TiB", "T")
+            .replace(" GiB", "G")
+            .replace(" MiB", "M")
+            .replace(" KiB", "K")
+            .replace(" B", "")
+    }
+
     /// The number of `page`-byte pages (rounded down).
     pub fn pages(self, page: u64) -> u64 {
         self.0 / page.max(1)
@@ -134,6 +145,13 @@ mod tests {
 
     fn bytes(s: &str) -> Result<u64, SizeError> {
         parse_size(s).map(ByteSize::bytes)
+    }
+
+    #[test]
+    fn short_names_parse_back() {
+        for t in ["64M", "1G", "12K", "1536M", "3T"] {
+            assert_eq!(parse_size(t).unwrap().short(), t);
+        }
     }
 
     #[test]

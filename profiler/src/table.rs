@@ -28,7 +28,34 @@ pub fn render_table(report: &Report) -> String {
         out += &case_table(case);
     }
     out += &footer(report);
+    out += &sweeps(report);
     out += &findings(report);
+    out
+}
+
+/// How each swept case's cost grows: per phase, the total and each category's line.
+fn sweeps(report: &Report) -> String {
+    let mut out = String::new();
+    if report.sweeps.is_empty() {
+        return out;
+    }
+    out += "
+Size sweep (least squares: fixed + per GiB, R^2, shape; plots in <case>/sweep.svg):
+";
+    for s in &report.sweeps {
+        let _ = writeln!(out, "  {}", s.case);
+        for p in s.phases.iter().filter(|p| p.phase.is_dma() || !p.categories.is_empty()) {
+            let _ = writeln!(
+                out,
+                "    {:<8} total    {}",
+                p.phase.name(),
+                crate::sweep::describe(&p.total)
+            );
+            for (c, f) in &p.categories {
+                let _ = writeln!(out, "    {:<8} {:<8} {}", "", c.short(), crate::sweep::describe(f));
+            }
+        }
+    }
     out
 }
 

@@ -59,7 +59,7 @@ struct VmTest {
 }
 
 /// Every VM test, in the order they run.
-const TESTS: [VmTest; 12] = [
+const TESTS: [VmTest; 13] = [
     VmTest {
         name: "boot_custom_doctor",
         kernel: KernelName::Custom,
@@ -94,6 +94,11 @@ const TESTS: [VmTest; 12] = [
         name: "attribution_type1_and_iommufd",
         kernel: KernelName::Custom,
         run: attribution,
+    },
+    VmTest {
+        name: "size_sweep_fits",
+        kernel: KernelName::Custom,
+        run: size_sweep,
     },
     VmTest {
         name: "iommu_tracepoints_agree",
@@ -1110,6 +1115,67 @@ fn tracepoint_case(dir: &Path, name: &str, same_calls: bool) -> Result<String, S
         Ok(note)
     } else {
         Err(format!("ftrace and dmaprof disagree: {note}"))
+    }
+}
+
+/// The cases [`size_sweep`] runs at three sizes.
+const SWEPT_CASES: [&str; 3] = [
+    "vfio_type1_iommu_anonymous_hugetlb_2mb.none",
+    "iommufd_anonymous_hugetlb_2mb.none",
+    "vfio_type1_iommu_anonymous.populate",
+];
+
+/// `-b 64M,128M,256M`: every case is fitted, the map's total and each category holding 10% or
+/// more of it follow a line with R^2 >= 0.95 (the per-page costs are per page), and each case
+/// has its plot.
+fn size_sweep(c: &Ctx) -> Outcome {
+    let args = format!(
+        "-b 64M,128M,256M {} -n 3 --passes untraced,exact",
+        SWEPT_CASES.map(|n| format!("-v {n}")).join(" ")
+    );
+    let r = guest_run(c, "sweep", &args)?;
+    let dir = scratch("sweep");
+    let mut problems = Vec::new();
+    let mut notes = Vec::new();
+    for name in SWEPT_CASES {
+        let Some(s) = r["sweeps"].as_array().into_iter().flatten().find(|s| s["case"] == name) else {
+            problems.push(format!("{name}: no sweep"));
+            continue;
+        };
+        if !dir.join(format!("{name}/sweep.svg")).exists() {
+            problems.push(format!("{name}: no sweep.svg"));
+        }
+        let Some(map) = s["phases"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["phase"] == "map")
+        else {
+            problems.push(format!("{name}: the map is not fitted"));
+            continue;
+        };
+        let largest = |f: &Value| f["points"].as_array().and_then(|p| p.last()).map_or(0.0, |p| ns(&p[1]));
+        let total = largest(&map["total"]).max(1.0);
+        let mut lines = vec![("total".to_owned(), &map["total"])];
+        if let Some(cats) = map["categories"].as_object() {
+            lines.extend(
+                cats.iter()
+                    .filter(|(_, f)| largest(f) >= 0.1 * total)
+                    .map(|(c, f)| (c.clone(), f)),
+            );
+        }
+        for (what, f) in lines {
+            let r2 = f["r2"].as_f64().unwrap_or(0.0);
+            notes.push(format!("{name} map {what} R^2 {r2:.3} ({})", f["shape"]));
+            if r2 < 0.95 {
+                problems.push(format!("{name} map {what}: R^2 {r2:.3} < 0.95 ({f})"));
+            }
+        }
+    }
+    if problems.is_empty() {
+        Ok(format!(", {}", notes.join("; ")))
+    } else {
+        Err(format!("{} ({})", problems.join("; "), notes.join("; ")))
     }
 }
 
