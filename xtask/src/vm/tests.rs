@@ -60,7 +60,7 @@ struct VmTest {
 }
 
 /// Every VM test, in the order they run.
-const TESTS: [VmTest; 13] = [
+const TESTS: [VmTest; 14] = [
     VmTest {
         name: "boot_custom_doctor",
         kernel: KernelName::Custom,
@@ -100,6 +100,11 @@ const TESTS: [VmTest; 13] = [
         name: "size_sweep_fits",
         kernel: KernelName::Custom,
         run: size_sweep,
+    },
+    VmTest {
+        name: "explain_1g_hugetlb",
+        kernel: KernelName::Custom,
+        run: explain_1g,
     },
     VmTest {
         name: "iommu_tracepoints_agree",
@@ -452,9 +457,16 @@ fn files_arrive(c: &Ctx) -> Outcome {
 
 /// Runs `dmaprof run --json <args> -o /out` in the guest; returns report.json as parsed.
 fn guest_run(c: &Ctx, name: &str, args: &str) -> Result<Value, String> {
+    guest_run_in(c, name, args, |_| {})
+}
+
+/// [`guest_run`] in a guest `tweak` sets up (more memory, 1 GiB pages).
+fn guest_run_in(c: &Ctx, name: &str, args: &str, tweak: impl FnOnce(&mut Plan)) -> Result<Value, String> {
     let dir = scratch(name);
     let cmd = format!("/bin/dmaprof run --json -o /out {args} > /out/stdout.json 2> /out/stderr.txt; v run_exit $?");
-    boot_ok(plan(c, true, shell(&cmd)), &dir)?;
+    let mut p = plan(c, true, shell(&cmd));
+    tweak(&mut p);
+    boot_ok(p, &dir)?;
     let status = findings(&dir)?
         .first()
         .and_then(|f| f["run_exit"].as_str().map(str::to_owned));
@@ -1117,6 +1129,43 @@ fn tracepoint_case(dir: &Path, name: &str, same_calls: bool) -> Result<String, S
     } else {
         Err(format!("ftrace and dmaprof disagree: {note}"))
     }
+}
+
+/// A 1 GiB hugetlb buffer (one page reserved at boot) mapped without and with populate: explain
+/// names the demand fault inside the map, with this run's numbers and the fix, and stays
+/// silent on the populated one.
+fn explain_1g(c: &Ctx) -> Outcome {
+    let args = "-b 1G -v vfio_type1_iommu_anonymous_hugetlb_1gb --prefault none,populate -n 1 --passes untraced,exact";
+    guest_run_in(c, "hugetlb-1g", args, |p| {
+        // 1 GiB pages come only from the RAM above 4 GiB, less the top gigabyte.
+        p.mem = ByteSize::new(4 << 30).expect("4 GiB");
+        p.hugepages_1g = 1;
+    })?;
+    let report = scratch("hugetlb-1g").join("report.json");
+    let out = std::process::Command::new(c.dmaprof)
+        .args(["explain", "--json"])
+        .arg(&report)
+        .output()
+        .map_err(|e| format!("dmaprof explain: {e}"))?;
+    let e: Value = serde_json::from_slice(&out.stdout).map_err(|e| format!("explain --json is not JSON: {e}"))?;
+    let findings = e["findings"].as_array().cloned().unwrap_or_default();
+    let of = |case: &str| {
+        findings
+            .iter()
+            .find(|f| f["rule"] == "demand_faults_in_map" && f["case"] == case)
+            .cloned()
+    };
+    let none = of("vfio_type1_iommu_anonymous_hugetlb_1gb.none")
+        .ok_or("no demand-fault finding on the 1 GiB hugetlb map without populate")?;
+    if of("vfio_type1_iommu_anonymous_hugetlb_1gb.populate").is_some() {
+        return Err("a demand-fault finding on the populated 1 GiB map".into());
+    }
+    let evidence = none["evidence"].as_str().unwrap_or_default();
+    let fix = none["fix"].as_str().unwrap_or_default();
+    if !evidence.contains(" ms of a ") || !fix.contains("MAP_POPULATE") {
+        return Err(format!("the finding lacks this run's numbers or the fix: {none}"));
+    }
+    Ok(format!(", {}: {}; {}", none["case"], none["what"], evidence))
 }
 
 /// The cases [`size_sweep`] runs at three sizes.
