@@ -131,8 +131,6 @@ impl Session {
         control.enter(Stage::SetUp);
         let symbols = KernelSymbols::load().ok();
         let mut report = self.new_report(symbols.as_ref());
-        // Before anything is attached: floors are what the machine does untraced.
-        report.floors = Some(crate::floors::measure());
         control.enter(Stage::Attaching);
         let started = Instant::now();
         let mut probes = self.attach(symbols.as_ref())?;
@@ -146,6 +144,9 @@ impl Session {
             }
             _ => None,
         };
+        // With every probe detached again (attach leaves them so until a pass asks): the
+        // floors are what the machine does untraced, and start-up is not made to wait for them.
+        report.floors = Some(crate::floors::measure());
         let coverage = match &probes {
             Some(p) => Coverage::of(&p.status, &self.opts.passes),
             None => Coverage::none(),
