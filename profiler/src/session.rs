@@ -331,7 +331,16 @@ impl Session {
             ),
             None => None,
         };
-        let steps = schedule(&self.opts.passes, self.opts.iterations, self.opts.traced_iterations);
+        // After a scout the rows are attached right before the passes start: the exact pass
+        // goes first, so no untraced iteration follows the rows' detaching (under emulation the
+        // patched kernel text is translated again on its next run, an outlier for whoever runs
+        // it).
+        let scouting = probes.is_some() && cost.is_some() && self.opts.passes.contains(&Pass::Exact);
+        let mut order = self.opts.passes.clone();
+        if let Some(at) = order.iter().position(|p| *p == Pass::Exact).filter(|_| scouting) {
+            order.rotate_left(at);
+        }
+        let steps = schedule(&order, self.opts.iterations, self.opts.traced_iterations);
         eprintln!("dmaprof: {} ({} iterations x {size})", case.name(), steps.len());
         let mut dma = self.dma_context(case, size)?;
         let workload = Workload {
@@ -342,10 +351,7 @@ impl Session {
         // Warm up and discard: first touches of fresh (or freshly reserved) memory are many
         // times slower and would make every first iteration an outlier.
         let mut runs = PassRuns::new();
-        let scout = probes
-            .as_deref_mut()
-            .filter(|_| self.opts.passes.contains(&Pass::Exact))
-            .zip(cost);
+        let scout = probes.as_deref_mut().filter(|_| scouting).zip(cost);
         let demotion = match self.warm_up(&workload, dma.as_mut(), scout, control)? {
             Ok(d) => d,
             Err(e) => {
