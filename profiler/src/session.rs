@@ -351,6 +351,10 @@ impl Session {
         // Warm up and discard: first touches of fresh (or freshly reserved) memory are many
         // times slower and would make every first iteration an outlier.
         let mut runs = PassRuns::new();
+        // Whatever an earlier case left attached (it may have failed mid-pass) comes off.
+        if let Some(p) = probes.as_deref_mut() {
+            p.set_groups(&[]).map_err(CaseError::Probes)?;
+        }
         let scout = probes.as_deref_mut().filter(|_| scouting).zip(cost);
         let demotion = match self.warm_up(&workload, dma.as_mut(), scout, control)? {
             Ok(d) => d,
@@ -362,7 +366,8 @@ impl Session {
                 });
             }
         };
-        let mut current = Pass::Untraced;
+        // A scout leaves the exact pass's probes attached (see `warm_up`).
+        let mut current = if scouting { Pass::Exact } else { Pass::Untraced };
         for (pass, index) in steps {
             if let Some(p) = probes.as_deref_mut().filter(|_| pass != current) {
                 control.enter(Stage::Switching(case.name(), pass));
@@ -429,16 +434,21 @@ impl Session {
             return Err(CaseError::Probes(e));
         }
         let drained = p.drain(attribution::slots(1)).map_err(CaseError::Probes)?;
-        p.set_groups(&[]).map_err(CaseError::Probes)?;
         let walls = match r {
             Ok(w) => w,
-            Err(e) => return Ok(Err(e)),
+            Err(e) => {
+                p.set_groups(&[]).map_err(CaseError::Probes)?;
+                return Ok(Err(e));
+            }
         };
         let demotion = attribution::demotions(&drained, &walls, &p.attached_rows(), cost);
         for line in demotion.describe() {
             eprintln!("dmaprof: {}: {line}", case.name());
         }
+        // The exact pass comes next: only the demoted rows come off. Re-attaching everything
+        // would patch the kernel text again, which emulation pays for on the next run.
         p.set_demoted(&demotion.rows());
+        p.set_groups(Pass::Exact.groups()).map_err(CaseError::Probes)?;
         Ok(Ok(demotion))
     }
 
