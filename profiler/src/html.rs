@@ -364,6 +364,19 @@ fn header(report: &Report) -> String {
         c.passes.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
         esc(report.device.as_deref().unwrap_or("none")),
     );
+    if let Some(f) = &report.floors {
+        let _ = writeln!(
+            out,
+            "<p title=\"{}; {}; {}\">This machine's floors: clears memory at {:.2} GiB/s, a 4 KiB fault takes {}, \
+             an empty VFIO ioctl {}</p>",
+            esc(&f.clear_how),
+            esc(&f.fault_how),
+            esc(&f.ioctl_how),
+            f.clear_gib_per_s,
+            f.fault_4k_ns.map_or("-".into(), |n| format!("{n} ns")),
+            f.empty_ioctl_ns.map_or("- (no VFIO)".into(), |n| format!("{n} ns"))
+        );
+    }
     if report.partial {
         out += "<p class=\"warn\">Interrupted: this report covers only the cases that finished.</p>\n";
     }
