@@ -133,6 +133,8 @@ pub struct Demotion {
     pub demoted: Vec<(usize, DemotedRow)>,
     /// Their stats per phase in the warm-up iteration.
     counts: Vec<(Phase, usize, RowStats)>,
+    /// Every row's probed callees per phase in the scout.
+    children: Vec<(Phase, usize, u64)>,
 }
 
 impl Demotion {
@@ -198,15 +200,39 @@ pub fn demotions(scout: &Drained, walls: &[PhaseRun], rows: &[(usize, AttachedBy
         }
     }
     for (sl, row, st) in &scout.rows {
-        if let Some(phase) = phase_of_slot(*sl).filter(|_| out.has(*row)) {
+        let Some(phase) = phase_of_slot(*sl) else { continue };
+        if out.has(*row) {
             out.counts.push((phase, *row, *st));
         }
+        out.children.push((phase, *row, st.child_calls));
     }
     out
 }
 
+impl Demotion {
+    /// Whether `row` made far fewer probed calls in the exact pass (`drained`) than in the
+    /// scout: its demoted callees' time is in its exclusive time, even where the sampled
+    /// stacks do not show them (a tail call leaves no frame).
+    fn lost_callees(&self, drained: &Drained, phase: Phase, row: usize) -> bool {
+        let scout = self
+            .children
+            .iter()
+            .find(|(p, r, _)| *p == phase && *r == row)
+            .map_or(0, |c| c.2);
+        let exact = drained
+            .rows
+            .iter()
+            .filter(|(sl, r, _)| *r == row && phase_of_slot(*sl) == Some(phase))
+            .map(|(_, _, st)| st.child_calls)
+            .max()
+            .unwrap_or(0);
+        scout >= 2 * exact + 16
+    }
+}
+
 /// The sampled categories of the stacks each row owns (is the innermost attached row of),
-/// per phase, for the owners with a demoted row's frame under them; `None` owns the kernel
+/// per phase, for the owners with a demoted row's frame under them or that lost probed callees
+/// to demotion ([`Demotion::lost_callees`]); `None` owns the kernel
 /// stacks no attached row is on. They split the exclusive time the demoted rows' time is in.
 type Owners = BTreeMap<Phase, BTreeMap<Option<usize>, CategoryCounts>>;
 
@@ -253,7 +279,10 @@ fn owners(input: &CaseInput) -> Owners {
         }
     }
     for (phase, owners) in &mut out {
-        owners.retain(|o, _| seen.get(phase).is_some_and(|s| s.contains(o)));
+        owners.retain(|o, _| {
+            seen.get(phase).is_some_and(|s| s.contains(o))
+                || o.is_some_and(|r| demoted.lost_callees(input.drained, *phase, r))
+        });
     }
     out
 }
@@ -1161,12 +1190,18 @@ mod tests {
                 .demoted
                 .is_empty()
         );
-        demoted_time_is_split_by_samples(&d, &attached);
+        demoted_time_is_split_by_samples(&d, &attached, "iommu_map");
+        // A tail call leaves no frame of the demoted row: the caller's lost probed callees
+        // (10000 in the scout, none in the exact pass) say where its time went.
+        let mut scout = scout;
+        scout.rows[0].2.child_calls = 10_000;
+        let d = demotions(&scout, &[run(Phase::Map, 10_000_000)], &attached, &cost);
+        demoted_time_is_split_by_samples(&d, &attached, "intel_iommu_map_pages");
     }
 
     /// The exact pass without iommu_map (demoted in `d`): its time is in vfio_pin_map_dma,
     /// whose sampled stacks say 3 parts IOMMU mapping to 1 part its own.
-    fn demoted_time_is_split_by_samples(d: &Demotion, attached: &[(usize, AttachedBy)]) {
+    fn demoted_time_is_split_by_samples(d: &Demotion, attached: &[(usize, AttachedBy)], leaf: &str) {
         let map = slot(0, Phase::Map);
         let w = Workload {
             case: Case {
@@ -1205,7 +1240,7 @@ mod tests {
         };
         let symbols = KernelSymbols::from_pairs(vec![
             (0x1000, "vfio_pin_map_dma [vfio_iommu_type1]".into()),
-            (0x2000, "iommu_map".into()),
+            (0x2000, leaf.into()),
         ]);
         let coverage = Coverage {
             exact: Ok(()),
