@@ -7,9 +7,9 @@ use clap::Parser as _;
 use profiler::{
     bpflog,
     cli::{Cli, Command, Format, RunArgs},
-    diff, doctor, explain, export, leftovers, matrix, report,
+    diff, doctor, explain, export, leftovers, matrix, record, recording, report,
     session::{Outcome, RunError, Session},
-    stop::{self, Control, StopSignals},
+    stop::Supervisor,
 };
 
 /// When main() began: the start of dmaprof's start-up time.
@@ -43,7 +43,9 @@ fn main() -> ExitCode {
         let usage = e.downcast_ref::<RunError>().is_some_and(RunError::is_usage)
             || e.downcast_ref::<diff::DiffError>()
                 .is_some_and(diff::DiffError::is_usage)
-            || e.downcast_ref::<report::ReadError>().is_some();
+            || e.downcast_ref::<report::ReadError>().is_some()
+            || e.downcast_ref::<record::RecordError>()
+                .is_some_and(record::RecordError::is_usage);
         eprintln!("dmaprof: {e:#}");
         ExitCode::from(if usage { 2 } else { 1 })
     })
@@ -79,6 +81,14 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
         Command::Report {
             report: path,
             json: as_json,
+            ..
+        } if let Some(text) = recording::render_saved(&path, as_json) => {
+            out(&text?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Report {
+            report: path,
+            json: as_json,
             ktap,
             csv,
         } => report::read(&path).map_err(Into::into).map(|r| {
@@ -109,38 +119,28 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
                 ExitCode::from(u8::from(!slower.is_empty()))
             }),
         Command::Run(args) => run_command(&args),
+        Command::Record(args) => {
+            let (r, path, signal) = record::supervised(args.options())?;
+            out(&recording::render_as(&r, args.json, Some(&path)));
+            Ok(ExitCode::from(record::exit_code(signal)))
+        }
     }
 }
 
 fn run_command(args: &RunArgs) -> anyhow::Result<ExitCode> {
     bpflog::show(args.debug || bpflog::rust_log_debug());
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the runtime")?;
     // Registered before anything changes, so a signal at any moment is handled.
-    let signals = {
-        let _ctx = rt.enter();
-        StopSignals::register()
-    };
+    let supervisor = Supervisor::start().context("starting the runtime")?;
     let session = Session::prepare(args.options(*STARTED.get_or_init(Instant::now)))?;
     eprint!("{}", session.plan().summary(session.out_dir()));
     let out_dir = session.out_dir().to_owned();
-    let control = Control::new();
-    let worker = {
-        let control = control.clone();
-        std::thread::Builder::new()
-            .name("dmaprof-workload".into())
-            .spawn(move || session.execute(&control))
-            .context("starting the workload thread")?
-    };
-    rt.block_on(stop::supervise(signals, &control, || worker.is_finished()));
-    let report = worker
-        .join()
-        .map_err(|_| anyhow::anyhow!("the workload thread panicked"))??;
+    let (report, signal) = supervisor
+        .run("dmaprof-workload", move |control| session.execute(control))
+        .context("running the workload thread")?;
+    let report = report?;
     let format = Format::of(args.json, args.ktap, args.csv);
     out(&export::render(&report, format, Some(&out_dir.join("report.json"))));
-    let outcome = Outcome::of(&report, control.signal());
+    let outcome = Outcome::of(&report, signal);
     if let Some(note) = outcome.note() {
         eprintln!("dmaprof: {note}");
     }
