@@ -1233,3 +1233,49 @@ fn record_refuses_bad_targets() {
     assert_one_clear_line(&["record", "-p", "1", "--", "true"], 2, "cannot be used with");
     assert_one_clear_line(&["record"], 2, "required");
 }
+
+/// `record -p`: a running process (and the child it forks) is recorded until it exits; a
+/// recording of a process that does not end stops at Ctrl-C with exit 0, marked partial,
+/// and leaves that process alone.
+#[test]
+fn record_watches_running_processes() {
+    if !can_run("record_watches_running_processes") {
+        return;
+    }
+    let _serial = serial();
+    let mut target = Command::new("perl")
+        .args(["-e", &format!("sleep 2; {FAKE_MAPS}")])
+        .spawn()
+        .unwrap();
+    let dir = tmpdir("record-pid");
+    let out = dmaprof()
+        .args(["record", "--json", "-o"])
+        .arg(&dir)
+        .args(["-p", &target.id().to_string()])
+        .output()
+        .unwrap();
+    ok(&out);
+    assert!(target.wait().unwrap().success());
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["calls"].as_array().map(Vec::len), Some(5), "{r}");
+    assert_eq!(r["process"]["pids"][0], target.id());
+    let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
+    let recorder = dmaprof()
+        .args(["record", "--json", "-o"])
+        .arg(&dir)
+        .args(["-p", &sleeper.id().to_string()])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    // SAFETY: kill has no memory preconditions; the pid is our own child.
+    unsafe { libc::kill(recorder.id() as i32, libc::SIGINT) };
+    let out = recorder.wait_with_output().unwrap();
+    ok(&out);
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["partial"], true);
+    assert_eq!(sleeper.try_wait().unwrap(), None, "a -p process is not ours to stop");
+    sleeper.kill().unwrap();
+    let _ = sleeper.wait();
+    let _ = fs::remove_dir_all(&dir);
+}
