@@ -214,6 +214,8 @@ impl Recorder {
             duration_ns: 0,
             calls: Vec::new(),
             by_kind: Vec::new(),
+            by_size: Vec::new(),
+            categories: None,
             top: Vec::new(),
             probes: probes.status.clone(),
             kernel,

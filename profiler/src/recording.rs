@@ -122,6 +122,21 @@ pub struct KindSummary {
     pub categories: Option<BTreeMap<Category, u64>>,
 }
 
+/// What the calls of one ioctl kind in one size bucket add up to.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SizeBucket {
+    /// The ioctl.
+    pub kind: DmaIoctl,
+    /// The bucket: sizes from this power of two up to (not including) twice it.
+    pub size_from: u64,
+    /// Calls.
+    pub count: u64,
+    /// Sum of their durations.
+    pub total_ns: u64,
+    /// Median duration.
+    pub median_ns: u64,
+}
+
 /// A `record` report.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RecordReport {
@@ -137,6 +152,12 @@ pub struct RecordReport {
     pub calls: Vec<Call>,
     /// Per ioctl kind, in [`DmaIoctl`] order.
     pub by_kind: Vec<KindSummary>,
+    /// Per ioctl kind and power-of-two size bucket.
+    #[serde(default)]
+    pub by_size: Vec<SizeBucket>,
+    /// Every call's categories summed (absent when not measured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub categories: Option<BTreeMap<Category, u64>>,
     /// The longest calls, longest first (at most [`TOP_CALLS`]).
     pub top: Vec<Call>,
     /// What attached and what did not.
@@ -193,6 +214,29 @@ pub fn by_kind(calls: &[Call]) -> Vec<KindSummary> {
         .collect()
 }
 
+/// The power of two at or below `size` (0 for 0).
+fn bucket(size: u64) -> u64 {
+    if size == 0 { 0 } else { 1 << size.ilog2() }
+}
+
+/// Per kind and power-of-two size bucket sums of `calls`, in kind then size order.
+pub fn by_size(calls: &[Call]) -> Vec<SizeBucket> {
+    let mut buckets: BTreeMap<(DmaIoctl, u64), Vec<u64>> = BTreeMap::new();
+    for c in calls {
+        buckets.entry((c.kind, bucket(c.size))).or_default().push(c.duration_ns);
+    }
+    buckets
+        .into_iter()
+        .map(|((kind, size_from), mut durations)| SizeBucket {
+            kind,
+            size_from,
+            count: durations.len() as u64,
+            total_ns: durations.iter().sum(),
+            median_ns: median(&mut durations),
+        })
+        .collect()
+}
+
 /// The `n` longest calls, longest first (ties: earlier first).
 pub fn top(calls: &[Call], n: usize) -> Vec<Call> {
     let mut sorted: Vec<&Call> = calls.iter().collect();
@@ -204,6 +248,11 @@ pub fn top(calls: &[Call], n: usize) -> Vec<Call> {
 pub fn summarise(report: &mut RecordReport) {
     report.calls.sort_by_key(|c| (c.start_ns, c.tid));
     report.by_kind = by_kind(&report.calls);
+    report.by_size = by_size(&report.calls);
+    report.categories = None;
+    for c in &report.calls {
+        add_categories(&mut report.categories, &c.categories);
+    }
     report.top = top(&report.calls, TOP_CALLS);
 }
 
@@ -411,6 +460,8 @@ mod tests {
             duration_ns: 10_000,
             calls: calls().into_iter().rev().collect(),
             by_kind: Vec::new(),
+            by_size: Vec::new(),
+            categories: None,
             top: Vec::new(),
             probes: Vec::new(),
             kernel: KernelInfo::default(),
@@ -420,6 +471,14 @@ mod tests {
         summarise(&mut r);
         assert_eq!(r.calls[0].start_ns, 0, "sorted by start");
         assert_eq!(r.top.len(), 4);
+        let buckets: Vec<(u64, u64)> = r.by_size.iter().map(|b| (b.size_from, b.count)).collect();
+        assert_eq!(
+            buckets,
+            vec![(4096, 1), (8192, 2), (4096, 1)],
+            "maps of 4 and 8 KiB, an unmap"
+        );
+        assert_eq!(r.categories.as_ref().unwrap()[&Category::Pinning], 750);
+        assert_eq!((bucket(0), bucket(12288), bucket(1 << 30)), (0, 8192, 1 << 30));
         let text = serde_json::to_string(&r).unwrap();
         assert!(text.contains("\"kind\":\"VFIO_IOMMU_MAP_DMA\""));
         let back = serde_json::from_str::<RecordReport>(&text).unwrap();
