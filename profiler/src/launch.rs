@@ -30,6 +30,30 @@ pub enum LaunchError {
     },
 }
 
+/// Checks that `command` can be run, as execvp will look for it (as given when it holds a
+/// slash, else in PATH), so that a typo is reported before anything is attached.
+pub fn check(command: &str) -> Result<(), LaunchError> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let runnable = |p: &std::path::Path| {
+        p.metadata()
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    let found = if command.contains('/') {
+        runnable(std::path::Path::new(command))
+    } else {
+        let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into());
+        std::env::split_paths(&path).any(|d| runnable(&d.join(command)))
+    };
+    if found {
+        Ok(())
+    } else {
+        Err(LaunchError::Exec {
+            command: command.to_owned(),
+            error: std::io::Error::from_raw_os_error(libc::ENOENT),
+        })
+    }
+}
+
 /// A forked child that has not run the command yet.
 #[derive(Debug)]
 pub struct Held {
@@ -181,6 +205,8 @@ mod tests {
             .unwrap_err();
         assert!(err.to_string().contains("No such file"), "{err}");
         hold(&["true".into()]).unwrap().abandon();
+        assert!(check("sh").is_ok() && check("/bin/sh").is_ok());
+        assert!(check("dmaprof-no-such-command").is_err() && check("/etc/passwd").is_err());
         assert!(hold(&[]).is_err());
     }
 }

@@ -128,6 +128,9 @@ impl Recorder {
         if let Some(pid) = opts.pids.iter().find(|&&p| !sys::process_alive(p)) {
             return Err(RecordError::Usage(format!("-p {pid}: no such process")));
         }
+        if let Some(command) = opts.command.first() {
+            launch::check(command)?;
+        }
         if opts.out.exists() && !opts.out.is_dir() {
             return Err(RecordError::Usage(format!(
                 "--out {} exists and is not a directory",
