@@ -59,7 +59,7 @@ struct VmTest {
 }
 
 /// Every VM test, in the order they run.
-const TESTS: [VmTest; 12] = [
+const TESTS: [VmTest; 13] = [
     VmTest {
         name: "boot_custom_doctor",
         kernel: KernelName::Custom,
@@ -114,6 +114,11 @@ const TESTS: [VmTest; 12] = [
         name: "measurement_c_reference_diffs_and_thp",
         kernel: KernelName::Custom,
         run: measurement,
+    },
+    VmTest {
+        name: "record_c_reference_maps",
+        kernel: KernelName::Custom,
+        run: record_reference,
     },
     VmTest {
         name: "signals_leave_nothing_behind",
@@ -1320,6 +1325,100 @@ fn measurement(c: &Ctx) -> Outcome {
             "{}; ({reference}; {diffs}; {gate}; {thp})",
             problems.join("; ")
         ))
+    }
+}
+
+/// Size and iterations of the C reference `record` records (one more warm-up iteration).
+const RECORD_REF_MIB: u64 = 32;
+const RECORD_REF_ITERATIONS: u64 = 3;
+
+/// `dmaprof record -- dma_map_ref ...`: one record per VFIO_IOMMU_MAP_DMA and
+/// VFIO_IOMMU_UNMAP_DMA the program made (warm-up included), their sizes add up to what it
+/// mapped, each call's categories fit in its duration, the kernel's syscall time fits in the
+/// program's own clock, and nothing is left behind.
+fn record_reference(c: &Ctx) -> Outcome {
+    let dir = scratch("record");
+    let reference = crate::build::build_c_reference().map_err(|e| format!("{e:#}"))?;
+    let cmd = format!(
+        "/bin/dmaprof record -o /tmp/r -- {} $VFIO_SELFTESTS_BDF {} {RECORD_REF_ITERATIONS} \
+           > /out/record.txt 2> /out/err.txt || v record_exit $?
+         cp /tmp/r/report.json /out/record.json
+         /bin/dmaprof report /tmp/r/report.json > /out/report.txt 2>> /out/err.txt || v report_exit $?
+         /bin/dmaprof doctor --leftovers > /out/leftovers.txt 2>&1 || v leftovers_exit $?
+         v done yes",
+        reference.display(),
+        RECORD_REF_MIB << 20
+    );
+    let mut p = plan(c, true, shell(&cmd));
+    p.host_files = vec![reference];
+    boot_ok(p, &dir)?;
+    no_failed_step(&findings(&dir)?, &dir)?;
+    let r = read_json(&dir, "record.json")?;
+    let printed: Vec<f64> = fs::read_to_string(dir.join("record.txt"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.strip_prefix("map_ns ")?.split_whitespace().next()?.parse().ok())
+        .collect();
+    record_checks(&r, &printed)
+}
+
+/// The checks of [`record_reference`] on the report and the map times the program printed.
+fn record_checks(r: &Value, printed: &[f64]) -> Outcome {
+    let calls = r["calls"].as_array().ok_or("no calls[]")?;
+    let of = |kind: &str| calls.iter().filter(|c| c["kind"] == kind).collect::<Vec<_>>();
+    let (maps, unmaps) = (of("VFIO_IOMMU_MAP_DMA"), of("VFIO_IOMMU_UNMAP_DMA"));
+    let want = RECORD_REF_ITERATIONS + 1;
+    let size = RECORD_REF_MIB << 20;
+    let mut problems = Vec::new();
+    if maps.len() as u64 != want || unmaps.len() as u64 != want || calls.len() as u64 != 2 * want {
+        problems.push(format!(
+            "{} maps, {} unmaps, {} calls (want {want}, {want}, {})",
+            maps.len(),
+            unmaps.len(),
+            calls.len(),
+            2 * want
+        ));
+    }
+    let bytes: f64 = maps.iter().map(|c| ns(&c["size"])).sum();
+    if bytes != (want * size) as f64 || r["by_kind"][0]["bytes"].as_u64() != Some(want * size) {
+        problems.push(format!("mapped {bytes} bytes, want {}", want * size));
+    }
+    for c in calls {
+        let cats: f64 = c["categories"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(_, v)| ns(v))
+            .sum();
+        if cats > ns(&c["duration_ns"]) || c["ret"] != 0 || c["iova"] != 1u64 << 32 {
+            problems.push(format!("call {c}: categories {cats} ns"));
+        }
+    }
+    let map_cats = |c: &Value| c["categories"].as_object().map_or(0, serde_json::Map::len);
+    if maps.iter().any(|c| map_cats(c) == 0) || r["lost"] != 0 || r["partial"] != false {
+        problems.push("a map without categories, lost records or a partial report".into());
+    }
+    // The kernel's entry-to-exit time is inside the program's own clock_gettime pair.
+    let recorded: Vec<f64> = maps.iter().skip(1).map(|c| ns(&c["duration_ns"])).collect();
+    if printed.len() != recorded.len() || printed.iter().zip(&recorded).any(|(p, r)| r > p) {
+        problems.push(format!("recorded map times {recorded:?} vs printed {printed:?}"));
+    }
+    let top = &r["top"][0];
+    let note = format!(
+        ", {} maps + {} unmaps of {RECORD_REF_MIB} MiB; map median {:.2} ms (program's own {:.2} ms), \
+         longest {} {:.2} ms: {}",
+        maps.len(),
+        unmaps.len(),
+        ns(&r["by_kind"][0]["median_ns"]) / 1e6,
+        printed.get(printed.len() / 2).copied().unwrap_or(0.0) / 1e6,
+        top["kind"],
+        ns(&top["duration_ns"]) / 1e6,
+        top["categories"]
+    );
+    if problems.is_empty() {
+        Ok(note)
+    } else {
+        Err(format!("{}{note}", problems.join("; ")))
     }
 }
 
