@@ -1279,3 +1279,29 @@ fn record_watches_running_processes() {
     let _ = sleeper.wait();
     let _ = fs::remove_dir_all(&dir);
 }
+
+/// `--duration` ends a recording; the command it started is stopped with SIGTERM (exit 143).
+#[test]
+fn record_duration_stops_the_command() {
+    if !can_run("record_duration_stops_the_command") {
+        return;
+    }
+    let _serial = serial();
+    let dir = tmpdir("record-duration");
+    let started = std::time::Instant::now();
+    let out = dmaprof()
+        .args(["record", "--json", "--duration", "1s", "-o"])
+        .arg(&dir)
+        .args(["--", "sleep", "30"])
+        .output()
+        .unwrap();
+    ok(&out);
+    assert!(started.elapsed() < std::time::Duration::from_secs(20));
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (r["process"]["exit_code"].as_i64(), r["partial"].as_bool()),
+        (Some(143), Some(false))
+    );
+    assert!(num(&r["duration_ns"], "duration_ns") >= 1_000_000_000);
+    let _ = fs::remove_dir_all(&dir);
+}
