@@ -1344,6 +1344,12 @@ fn record_reference(c: &Ctx) -> Outcome {
            > /out/record.txt 2> /out/err.txt || v record_exit $?
          cp /tmp/r/report.json /out/record.json
          /bin/dmaprof report /tmp/r/report.json > /out/report.txt 2>> /out/err.txt || v report_exit $?
+         C='-b {RECORD_REF_MIB}M -v vfio_type1_iommu_anonymous.none'
+         /bin/dmaprof record -o /tmp/rr -- /bin/dmaprof run --no-trace $C -n 3 -o /tmp/u \
+           > /dev/null 2>> /out/err.txt || v record_run_exit $?
+         cp /tmp/rr/report.json /out/record-run.json; cp /tmp/u/report.json /out/run-untraced.json
+         /bin/dmaprof run --json --passes exact $C -n 1 -o /tmp/e > /out/run-exact.json 2>> /out/err.txt \
+           || v run_exit $?
          /bin/dmaprof doctor --leftovers > /out/leftovers.txt 2>&1 || v leftovers_exit $?
          v done yes",
         reference.display(),
@@ -1359,7 +1365,49 @@ fn record_reference(c: &Ctx) -> Outcome {
         .lines()
         .filter_map(|l| l.strip_prefix("map_ns ")?.split_whitespace().next()?.parse().ok())
         .collect();
-    record_checks(&r, &printed)
+    let reference = record_checks(&r, &printed)?;
+    let run = record_run_checks(&dir)?;
+    Ok(format!("{reference}; {run}"))
+}
+
+/// `record -- dmaprof run --no-trace`: the run's map calls are recorded (warm-up included) and
+/// their kernel times match the run's own untraced map times within 10%; `run`'s exact pass
+/// still attributes the same map (its top categories are shown beside record's).
+fn record_run_checks(dir: &Path) -> Outcome {
+    let rec = read_json(dir, "record-run.json")?;
+    let run = read_json(dir, "run-untraced.json")?;
+    let case_name = "vfio_type1_iommu_anonymous.none";
+    let maps: Vec<f64> = rec["calls"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["kind"] == "VFIO_IOMMU_MAP_DMA")
+        .map(|c| ns(&c["duration_ns"]))
+        .collect();
+    let median = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    };
+    let own = phase(case(&run, case_name)?, "map")?["wall_ns"]["runs"]
+        .as_array()
+        .map(|r| r.iter().map(ns).collect::<Vec<_>>())
+        .unwrap_or_default();
+    let (recorded, reported) = (median(maps.get(1..).unwrap_or_default()), median(&own));
+    let exact = read_json(dir, "run-exact.json")?;
+    let exact_map = phase(case(&exact, case_name)?, "map")?["exact"].clone();
+    let note = format!(
+        "record of a run: {} maps, median {:.2} ms vs the run's own {:.2} ms; run's exact map: {}",
+        maps.len(),
+        recorded / 1e6,
+        reported / 1e6,
+        exact_map["categories"]
+    );
+    let off = (recorded / reported - 1.0).abs();
+    if maps.len() != 4 || own.len() != 3 || off > 0.10 || exact_map["available"] != true {
+        return Err(format!("record of a run disagrees ({:.0}% apart): {note}", off * 100.0));
+    }
+    Ok(note)
 }
 
 /// The checks of [`record_reference`] on the report and the map times the program printed.
