@@ -59,11 +59,7 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             leftovers: true,
         } => {
             let l = leftovers::leftovers();
-            out(&if as_json {
-                json(&l)
-            } else {
-                leftovers::render_leftovers(&l)
-            });
+            out(&leftovers::render_as(&l, as_json));
             Ok(ExitCode::from(u8::from(!l.is_empty())))
         }
         Command::Doctor {
@@ -81,20 +77,12 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
         Command::Report {
             report: path,
             json: as_json,
-            ..
-        } if let Some(text) = recording::render_saved(&path, as_json) => {
-            out(&text?);
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::Report {
-            report: path,
-            json: as_json,
             ktap,
             csv,
-        } => report::read(&path).map_err(Into::into).map(|r| {
-            out(&export::render(&r, Format::of(as_json, ktap, csv), None));
-            ExitCode::SUCCESS
-        }),
+        } => {
+            out(&export::render_file(&path, Format::of(as_json, ktap, csv))?);
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Explain {
             report: path,
             json: as_json,
@@ -103,6 +91,17 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             out(&if as_json { json(&e) } else { explain::render(&e) });
             ExitCode::SUCCESS
         }),
+        Command::Diff {
+            before,
+            after,
+            json: as_json,
+            fail_above: None,
+            ..
+        } if let Some(d) = recording::diff_saved(&before, &after) => {
+            let d = d?;
+            out(&recording::render_diff_as(&d, as_json));
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Diff {
             before,
             after,

@@ -269,11 +269,6 @@ pub fn read(path: &Path) -> Option<Result<RecordReport, ReadError>> {
     })
 }
 
-/// `dmaprof report` of a saved `record` report (None: not one), as tables or JSON.
-pub fn render_saved(path: &Path, json: bool) -> Option<Result<String, ReadError>> {
-    read(path).map(|r| r.map(|r| render_as(&r, json, None)))
-}
-
 /// A report as JSON, or as the tables followed by where it was written (`saved`).
 pub fn render_as(r: &RecordReport, json: bool, saved: Option<&Path>) -> String {
     if json {
@@ -284,6 +279,118 @@ pub fn render_as(r: &RecordReport, json: bool, saved: Option<&Path>) -> String {
         text += &format!("report: {}\n", p.display());
     }
     text
+}
+
+/// One ioctl kind in two recordings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct KindDiff {
+    /// The ioctl.
+    pub kind: DmaIoctl,
+    /// Its sums in the first recording (None: it made no such call).
+    pub before: Option<KindSummary>,
+    /// Its sums in the second.
+    pub after: Option<KindSummary>,
+    /// after / before of the median duration (None when one side is missing or zero).
+    pub median_ratio: Option<f64>,
+}
+
+/// Two recordings compared kind by kind (`dmaprof diff` of two `record` reports).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RecordDiff {
+    /// Per ioctl kind either recording made.
+    pub kinds: Vec<KindDiff>,
+}
+
+/// Compares `before` and `after` kind by kind.
+pub fn diff(before: &RecordReport, after: &RecordReport) -> RecordDiff {
+    let find = |r: &RecordReport, k: DmaIoctl| r.by_kind.iter().find(|s| s.kind == k).cloned();
+    let mut kinds: Vec<DmaIoctl> = before.by_kind.iter().chain(&after.by_kind).map(|s| s.kind).collect();
+    kinds.sort_unstable();
+    kinds.dedup();
+    let kinds = kinds
+        .into_iter()
+        .map(|kind| {
+            let (b, a) = (find(before, kind), find(after, kind));
+            let median_ratio = match (&b, &a) {
+                (Some(b), Some(a)) if b.median_ns > 0 => Some(a.median_ns as f64 / b.median_ns as f64),
+                _ => None,
+            };
+            KindDiff {
+                kind,
+                before: b,
+                after: a,
+                median_ratio,
+            }
+        })
+        .collect();
+    RecordDiff { kinds }
+}
+
+/// The diff of two saved recordings; None unless both are `record` reports (the `run` diff
+/// then says what they are).
+pub fn diff_saved(before: &Path, after: &Path) -> Option<Result<RecordDiff, ReadError>> {
+    let (b, a) = (read(before)?, read(after)?);
+    Some(b.and_then(|b| a.map(|a| diff(&b, &a))))
+}
+
+/// The table of a recording diff: per kind, calls, median, total and bytes before -> after.
+pub fn render_diff(d: &RecordDiff) -> String {
+    let side = |s: &Option<KindSummary>, f: fn(&KindSummary) -> String| s.as_ref().map_or("-".to_owned(), f);
+    let mut out = format!(
+        "  {:<22} {:>13} {:>21} {:>8} {:>23} {:>17}\n",
+        "ioctl", "calls", "median ms", "ratio", "total ms", "MiB"
+    );
+    for k in &d.kinds {
+        let pair = |f: fn(&KindSummary) -> String| format!("{} -> {}", side(&k.before, f), side(&k.after, f));
+        out += &format!(
+            "  {:<22} {:>13} {:>21} {:>8} {:>23} {:>17}\n",
+            k.kind.to_string(),
+            pair(|s| s.count.to_string()),
+            pair(|s| ms(s.median_ns)),
+            k.median_ratio.map_or("-".to_owned(), |r| format!("x{r:.2}")),
+            pair(|s| ms(s.total_ns)),
+            pair(|s| mib(s.bytes)),
+        );
+    }
+    out
+}
+
+/// A recording diff as JSON, or as its table.
+pub fn render_diff_as(d: &RecordDiff, json: bool) -> String {
+    if json {
+        serde_json::to_string_pretty(d).expect("diffs serialise") + "\n"
+    } else {
+        render_diff(d)
+    }
+}
+
+/// The calls as CSV, one row each, every category's ns (empty when not measured).
+pub fn csv(r: &RecordReport) -> String {
+    let names: Vec<&str> = CATEGORIES.iter().map(|c| c.name()).collect();
+    let mut out = format!("pid,tid,start_ns,kind,iova,size,duration_ns,ret,{}\n", names.join(","));
+    for c in &r.calls {
+        let cats: Vec<String> = CATEGORIES
+            .iter()
+            .map(|k| {
+                c.categories
+                    .as_ref()
+                    .map_or(String::new(), |m| m.get(k).copied().unwrap_or(0).to_string())
+            })
+            .collect();
+        out += &format!(
+            "{},{},{},{},{},{},{},{},{}\n",
+            c.pid,
+            c.tid,
+            c.start_ns,
+            c.kind,
+            c.iova,
+            c.size,
+            c.duration_ns,
+            c.ret,
+            cats.join(",")
+        );
+    }
+    out
 }
 
 fn ms(ns: u64) -> String {
@@ -486,6 +593,22 @@ mod tests {
             (back.calls, back.by_kind, back.top),
             (r.calls.clone(), r.by_kind.clone(), r.top.clone())
         );
+        let d = diff(
+            &r,
+            &RecordReport {
+                calls: r.calls[..2].to_vec(),
+                ..r.clone()
+            },
+        );
+        assert_eq!(d.kinds.len(), 2);
+        assert_eq!(
+            (d.kinds[0].before.as_ref().unwrap().count, d.kinds[0].median_ratio),
+            (3, Some(1.0))
+        );
+        assert!(render_diff(&d).contains("3 -> 3"));
+        let lines: Vec<String> = csv(&r).lines().map(str::to_owned).collect();
+        assert_eq!(lines.len(), 5);
+        assert!(lines[0].starts_with("pid,tid,start_ns,kind") && lines[1].contains(",VFIO_IOMMU_MAP_DMA,"));
         let table = render(&r);
         assert!(table.contains("VFIO_IOMMU_UNMAP_DMA") && table.contains("pinning 50%"));
     }

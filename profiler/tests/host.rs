@@ -1212,6 +1212,25 @@ fn record_follows_a_command_and_its_children() {
     let shown = dmaprof().arg("report").arg(dir.join("report.json")).output().unwrap();
     ok(&shown);
     assert!(String::from_utf8_lossy(&shown.stdout).contains("VFIO_IOMMU_UNMAP_DMA"));
+    let csv = dmaprof()
+        .args(["report", "--csv"])
+        .arg(dir.join("report.json"))
+        .output()
+        .unwrap();
+    ok(&csv);
+    assert_eq!(
+        String::from_utf8_lossy(&csv.stdout).lines().count(),
+        6,
+        "a header and a row per call"
+    );
+    let diff = dmaprof()
+        .arg("diff")
+        .arg(dir.join("report.json"))
+        .arg(dir.join("report.json"))
+        .output()
+        .unwrap();
+    ok(&diff);
+    assert!(String::from_utf8_lossy(&diff.stdout).contains("3 -> 3"));
     let left = dmaprof().args(["doctor", "--leftovers"]).output().unwrap();
     assert!(left.status.success(), "{}", String::from_utf8_lossy(&left.stdout));
     let _ = fs::remove_dir_all(&dir);
