@@ -13,11 +13,11 @@ use crate::{
     dma::DmaIoctl,
     kernel,
     launch::{self, Held, LaunchError},
-    loader::{self, AttachError, Probes, Request, Watched},
+    loader::{self, AttachError, Drained, Probes, Request, Watched},
     output::{self, OutDir, OutputError},
     privileges,
-    probes::Mechanism,
-    recording::{self, Call, Process, RecordReport},
+    probes::{Mechanism, PROBE_TABLE},
+    recording::{self, Call, Process, RecordReport, RowTotal},
     stop::{Control, Stage, Supervisor},
     symbols::KernelSymbols,
     sys,
@@ -191,6 +191,7 @@ impl Recorder {
         probes.set_phase(0)?;
         drain(&mut ring, &mut raw);
         report.lost = probes.lost_calls()?;
+        totals(&mut report, &probes.drain(RECORD_SLOT + 1)?);
         report.partial = end == End::Cancelled;
         report.duration_ns = started.elapsed().as_nanos() as u64;
         drop(probes);
@@ -220,6 +221,9 @@ impl Recorder {
             by_size: Vec::new(),
             categories: None,
             top: Vec::new(),
+            rows: Vec::new(),
+            cpu_faults: None,
+            unaccounted: 0,
             probes: probes.status.clone(),
             kernel,
             partial: false,
@@ -262,6 +266,35 @@ impl Recorder {
         }
         None
     }
+}
+
+/// The per-function totals and counters the probes kept over the whole recording.
+fn totals(report: &mut RecordReport, drained: &Drained) {
+    let mut rows: Vec<RowTotal> = drained
+        .rows
+        .iter()
+        .filter(|(slot, _, _)| *slot == RECORD_SLOT)
+        .map(|&(_, row, st)| RowTotal {
+            function: PROBE_TABLE[row].function.to_owned(),
+            category: PROBE_TABLE[row].category(),
+            calls: st.calls,
+            inclusive_ns: st.inclusive_ns,
+            exclusive_ns: st.exclusive_ns,
+        })
+        .collect();
+    rows.sort_by_key(|r| std::cmp::Reverse(r.exclusive_ns));
+    report.rows = rows;
+    let counters = drained
+        .counters
+        .iter()
+        .find(|(slot, _)| *slot == RECORD_SLOT)
+        .map(|(_, c)| *c);
+    let faults_seen = report
+        .probes
+        .iter()
+        .any(|p| p.attached && p.function.ends_with(":page_fault_user"));
+    report.cpu_faults = faults_seen.then(|| counters.map_or(0, |c| c.user_faults));
+    report.unaccounted = counters.map_or(0, |c| c.stack_overflow + c.unmatched_exit);
 }
 
 /// Why a recording stopped.

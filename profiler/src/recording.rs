@@ -137,6 +137,21 @@ pub struct SizeBucket {
     pub median_ns: u64,
 }
 
+/// One probed kernel function, summed over every recorded call.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RowTotal {
+    /// The function (a probe-table row).
+    pub function: String,
+    /// The category its exclusive time counts as.
+    pub category: Category,
+    /// Completed calls.
+    pub calls: u64,
+    /// Entry to return, summed.
+    pub inclusive_ns: u64,
+    /// Less its probed callees.
+    pub exclusive_ns: u64,
+}
+
 /// A `record` report.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RecordReport {
@@ -160,6 +175,19 @@ pub struct RecordReport {
     pub categories: Option<BTreeMap<Category, u64>>,
     /// The longest calls, longest first (at most [`TOP_CALLS`]).
     pub top: Vec<Call>,
+    /// Per probed function inside the recorded calls, largest exclusive time first (threads
+    /// of one process in calls at once on several CPUs may lose an update here; the per-call
+    /// categories are per thread and exact).
+    #[serde(default)]
+    pub rows: Vec<RowTotal>,
+    /// CPU page faults of the watched processes while recorded (`exceptions:page_fault_user`;
+    /// absent when it did not attach). Faults GUP takes inside a map are in its categories.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_faults: Option<u64>,
+    /// Probed calls that could not be accounted (nested deeper than the BPF stack, or a
+    /// return without its entry): the categories undercount by their time.
+    #[serde(default)]
+    pub unaccounted: u64,
     /// What attached and what did not.
     pub probes: Vec<ProbeStatus>,
     /// The kernel.
@@ -463,6 +491,15 @@ pub fn render(r: &RecordReport) -> String {
             shares(&k.categories, k.total_ns)
         );
     }
+    if let Some(f) = r.cpu_faults {
+        out += &format!("  CPU page faults of the processes while recorded: {f}\n");
+    }
+    if r.unaccounted > 0 {
+        out += &format!(
+            "  {} probed calls could not be accounted: the categories undercount\n",
+            r.unaccounted
+        );
+    }
     out += &format!(
         "\n  longest calls\n  {:>10} {:>8} {:<22} {:>18} {:>10} {:>10} {:>5}  {}\n",
         "start ms", "tid", "ioctl", "iova", "MiB", "ms", "ret", "exact categories"
@@ -570,6 +607,9 @@ mod tests {
             by_size: Vec::new(),
             categories: None,
             top: Vec::new(),
+            rows: Vec::new(),
+            cpu_faults: None,
+            unaccounted: 0,
             probes: Vec::new(),
             kernel: KernelInfo::default(),
             partial: false,
