@@ -1442,6 +1442,20 @@ fn record_checks(r: &Value, printed: &[f64]) -> Outcome {
             problems.push(format!("call {c}: categories {cats} ns"));
         }
     }
+    // The per-function totals count the same returns as the calls' categories.
+    let sum = |v: &Value| v.as_object().into_iter().flatten().map(|(_, v)| ns(v)).sum::<f64>();
+    let in_calls: f64 = calls.iter().map(|c| sum(&c["categories"])).sum();
+    let in_rows: f64 = r["rows"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|w| ns(&w["exclusive_ns"]))
+        .sum();
+    if in_calls != in_rows || in_rows == 0.0 {
+        problems.push(format!(
+            "rows add up to {in_rows} ns, the calls' categories to {in_calls} ns"
+        ));
+    }
     let map_cats = |c: &Value| c["categories"].as_object().map_or(0, serde_json::Map::len);
     if maps.iter().any(|c| map_cats(c) == 0) || r["lost"] != 0 || r["partial"] != false {
         problems.push("a map without categories, lost records or a partial report".into());
@@ -1454,14 +1468,16 @@ fn record_checks(r: &Value, printed: &[f64]) -> Outcome {
     let top = &r["top"][0];
     let note = format!(
         ", {} maps + {} unmaps of {RECORD_REF_MIB} MiB; map median {:.2} ms (program's own {:.2} ms), \
-         longest {} {:.2} ms: {}",
+         longest {} {:.2} ms: {}; top function {} {:.2} ms",
         maps.len(),
         unmaps.len(),
         ns(&r["by_kind"][0]["median_ns"]) / 1e6,
         printed.get(printed.len() / 2).copied().unwrap_or(0.0) / 1e6,
         top["kind"],
         ns(&top["duration_ns"]) / 1e6,
-        top["categories"]
+        top["categories"],
+        r["rows"][0]["function"],
+        ns(&r["rows"][0]["exclusive_ns"]) / 1e6
     );
     if problems.is_empty() {
         Ok(note)
