@@ -31,11 +31,13 @@ pub const MAX_RECORD_IOCTLS: usize = 8;
 /// Processes `record` can watch at once (a command, its children and their threads).
 pub const MAX_WATCHED: u32 = 4096;
 
-/// Threads that can be inside a recorded ioctl at once.
-pub const MAX_THREAD_CALLS: u32 = 1024;
+/// Threads that can be inside a recorded ioctl at once (preallocated: older kernels warn about
+/// run-time allocated hash maps in tracing programs).
+pub const MAX_THREAD_CALLS: u32 = 256;
 
-/// Bytes of the ring buffer that carries recorded calls to user space.
-pub const CALLS_RING_BYTES: u32 = 1 << 20;
+/// Bytes of the ring buffer that carries recorded calls to user space (about 1300 records;
+/// user space empties it every 20 ms).
+pub const CALLS_RING_BYTES: u32 = 1 << 18;
 
 /// Names of the maps, as user space looks them up.
 pub mod maps {

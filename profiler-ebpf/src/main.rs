@@ -62,8 +62,7 @@ static RECORD_IOCTLS: [RecordIoctl; MAX_RECORD_IOCTLS] = [RecordIoctl {
 static WATCHED: HashMap<u32, u8> = HashMap::with_max_entries(MAX_WATCHED, 0);
 
 #[map]
-static THREAD_CALLS: HashMap<u32, ThreadCall> =
-    HashMap::with_max_entries(MAX_THREAD_CALLS, aya_ebpf::bindings::BPF_F_NO_PREALLOC);
+static THREAD_CALLS: HashMap<u32, ThreadCall> = HashMap::with_max_entries(MAX_THREAD_CALLS, 0);
 
 #[map]
 static CALL_SCRATCH: PerCpuArray<ThreadCall> = PerCpuArray::with_max_entries(1, 0);
