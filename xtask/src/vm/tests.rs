@@ -1348,6 +1348,15 @@ fn record_reference(c: &Ctx) -> Outcome {
          /bin/dmaprof record -o /tmp/rr -- /bin/dmaprof run --no-trace $C -n 3 -o /tmp/u \
            > /dev/null 2>> /out/err.txt || v record_run_exit $?
          cp /tmp/rr/report.json /out/record-run.json; cp /tmp/u/report.json /out/run-untraced.json
+         sh -c 'while [ ! -e /tmp/go ]; do sleep 1; done
+                exec /bin/dmaprof run --no-trace '\"$C\"' -n 3 -o /tmp/up > /dev/null' 2>> /out/err.txt &
+         P=$!
+         /bin/dmaprof record -p $P -o /tmp/rp > /dev/null 2>> /out/err.txt &
+         R=$!
+         sleep 10; touch /tmp/go
+         wait $R || v record_pid_exit $?
+         wait $P || v run_pid_exit $?
+         cp /tmp/rp/report.json /out/record-pid.json; cp /tmp/up/report.json /out/run-pid.json
          /bin/dmaprof run --json --passes exact $C -n 1 -o /tmp/e > /out/run-exact.json 2>> /out/err.txt \
            || v run_exit $?
          /bin/dmaprof doctor --leftovers > /out/leftovers.txt 2>&1 || v leftovers_exit $?
@@ -1370,13 +1379,31 @@ fn record_reference(c: &Ctx) -> Outcome {
     Ok(format!("{reference}; {run}"))
 }
 
-/// `record -- dmaprof run --no-trace`: the run's map calls are recorded (warm-up included) and
-/// their kernel times match the run's own untraced map times within 10%; `run`'s exact pass
-/// still attributes the same map (its top categories are shown beside record's).
+/// `record -- dmaprof run --no-trace`, and `record -p` on one started beside it: the run's map
+/// calls are recorded (warm-up included) and their kernel times match the run's own untraced
+/// map times within 10%; `run`'s exact pass still attributes the same map (its categories are
+/// shown).
 fn record_run_checks(dir: &Path) -> Outcome {
-    let rec = read_json(dir, "record-run.json")?;
-    let run = read_json(dir, "run-untraced.json")?;
-    let case_name = "vfio_type1_iommu_anonymous.none";
+    let command = recorded_run(dir, "record-run.json", "run-untraced.json")?;
+    let pid = recorded_run(dir, "record-pid.json", "run-pid.json")?;
+    let exact = read_json(dir, "run-exact.json")?;
+    let exact_map = phase(case(&exact, RECORD_CASE)?, "map")?["exact"].clone();
+    if exact_map["available"] != true {
+        return Err(format!("run's exact map is not available: {exact_map}"));
+    }
+    Ok(format!(
+        "record -- run: {command}; record -p run: {pid}; run's exact map: {}",
+        exact_map["categories"]
+    ))
+}
+
+/// The case the recorded runs run.
+const RECORD_CASE: &str = "vfio_type1_iommu_anonymous.none";
+
+/// A recording of a `dmaprof run --no-trace -n 3` against that run's own report.
+fn recorded_run(dir: &Path, recording: &str, run_report: &str) -> Outcome {
+    let rec = read_json(dir, recording)?;
+    let run = read_json(dir, run_report)?;
     let maps: Vec<f64> = rec["calls"]
         .as_array()
         .into_iter()
@@ -1389,23 +1416,23 @@ fn record_run_checks(dir: &Path) -> Outcome {
         v.sort_by(f64::total_cmp);
         v.get(v.len() / 2).copied().unwrap_or(0.0)
     };
-    let own = phase(case(&run, case_name)?, "map")?["wall_ns"]["runs"]
+    let own = phase(case(&run, RECORD_CASE)?, "map")?["wall_ns"]["runs"]
         .as_array()
         .map(|r| r.iter().map(ns).collect::<Vec<_>>())
         .unwrap_or_default();
     let (recorded, reported) = (median(maps.get(1..).unwrap_or_default()), median(&own));
-    let exact = read_json(dir, "run-exact.json")?;
-    let exact_map = phase(case(&exact, case_name)?, "map")?["exact"].clone();
+    let off = (recorded / reported - 1.0).abs();
     let note = format!(
-        "record of a run: {} maps, median {:.2} ms vs the run's own {:.2} ms; run's exact map: {}",
+        "{} maps, median {:.2} ms vs the run's own {:.2} ms",
         maps.len(),
         recorded / 1e6,
-        reported / 1e6,
-        exact_map["categories"]
+        reported / 1e6
     );
-    let off = (recorded / reported - 1.0).abs();
-    if maps.len() != 4 || own.len() != 3 || off > 0.10 || exact_map["available"] != true {
-        return Err(format!("record of a run disagrees ({:.0}% apart): {note}", off * 100.0));
+    if maps.len() != 4 || own.len() != 3 || off > 0.10 {
+        return Err(format!(
+            "{recording} disagrees with {run_report} ({:.0}% apart): {note}",
+            off * 100.0
+        ));
     }
     Ok(note)
 }
