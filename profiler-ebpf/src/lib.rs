@@ -22,6 +22,23 @@ pub const STACK_MAP_ENTRIES: u32 = 16_384;
 /// Entries in the sample-count map (distinct (phase, kernel stack) pairs).
 pub const SAMPLE_MAP_ENTRIES: u32 = 32_768;
 
+/// Category slots of a recorded call (user space numbers its categories below this).
+pub const MAX_CATEGORIES: usize = 16;
+
+/// Ioctl kinds `record` watches (user space fills [`RECORD_IOCTLS_GLOBAL`]).
+pub const MAX_RECORD_IOCTLS: usize = 8;
+
+/// Processes `record` can watch at once (a command, its children and their threads).
+pub const MAX_WATCHED: u32 = 4096;
+
+/// Threads that can be inside a recorded ioctl at once (preallocated: older kernels warn about
+/// run-time allocated hash maps in tracing programs).
+pub const MAX_THREAD_CALLS: u32 = 256;
+
+/// Bytes of the ring buffer that carries recorded calls to user space (about 1300 records;
+/// user space empties it every 20 ms).
+pub const CALLS_RING_BYTES: u32 = 1 << 18;
+
 /// Names of the maps, as user space looks them up.
 pub mod maps {
     /// `Array<Control>` with one entry: which phase slot is recording.
@@ -42,6 +59,16 @@ pub mod maps {
     pub const CALL_STACK: &str = "CALL_STACK";
     /// `Array<u32>` with one entry: the depth of that stack (may exceed MAX_CALL_DEPTH).
     pub const CALL_DEPTH: &str = "CALL_DEPTH";
+    /// `HashMap<u32, u8>`: the process ids (tgids) `record` watches.
+    pub const WATCHED: &str = "WATCHED";
+    /// `HashMap<u32, ThreadCall>`: per thread, the recorded ioctl in progress and its call stack.
+    pub const THREAD_CALLS: &str = "THREAD_CALLS";
+    /// `PerCpuArray<ThreadCall>` with one entry: where a new [`super::ThreadCall`] is built.
+    pub const CALL_SCRATCH: &str = "CALL_SCRATCH";
+    /// `RingBuf` of [`super::DmaCall`]: one record per finished ioctl.
+    pub const CALLS: &str = "CALLS";
+    /// `PerCpuArray<u64>` with one entry: records the ring buffer had no room for.
+    pub const LOST_CALLS: &str = "LOST_CALLS";
     /// Every map name, for recognising dmaprof's objects among all loaded ones.
     pub const ALL: &[&str] = &[
         CONTROL,
@@ -53,6 +80,11 @@ pub mod maps {
         ROW_STATS,
         CALL_STACK,
         CALL_DEPTH,
+        WATCHED,
+        THREAD_CALLS,
+        CALL_SCRATCH,
+        CALLS,
+        LOST_CALLS,
     ];
 }
 
@@ -83,6 +115,93 @@ pub const TARGET_TID_GLOBAL: &str = "TARGET_TID";
 
 /// Name of the read-only global that holds the bpf() syscall number, set at load time.
 pub const IGNORED_SYSCALL_GLOBAL: &str = "IGNORED_SYSCALL";
+
+/// Name of the read-only [`Watch`] global: one thread (`run`) or the processes in
+/// [`maps::WATCHED`] (`record`), set at load time.
+pub const WATCH_GLOBAL: &str = "WATCH";
+
+/// Name of the read-only [`RecordSyscalls`] global, set at load time.
+pub const RECORD_SYSCALLS_GLOBAL: &str = "RECORD_SYSCALLS";
+
+/// Name of the read-only `[RecordIoctl; MAX_RECORD_IOCTLS]` global, set at load time.
+pub const RECORD_IOCTLS_GLOBAL: &str = "RECORD_IOCTLS";
+
+/// Which threads the programs watch.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Watch {
+    /// 0: the thread `TARGET_TID` only (`run`); 1: every thread of the processes in
+    /// [`maps::WATCHED`], rows accounted only inside a recorded ioctl (`record`).
+    pub by_process: u32,
+    /// Reserved; keeps the struct 8-byte sized.
+    pub _reserved: u32,
+}
+
+/// The syscall numbers `record` reacts to (they differ per architecture).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecordSyscalls {
+    /// ioctl(2).
+    pub ioctl: i64,
+    /// clone, fork, vfork, clone3: a watched process's new child is watched too.
+    pub clones: [i64; 4],
+}
+
+/// One ioctl command `record` records, and where its argument struct keeps the IOVA and size.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecordIoctl {
+    /// The ioctl request number (0: unused slot).
+    pub cmd: u32,
+    /// Offset of the u64 IOVA in the argument struct.
+    pub iova_offset: u32,
+    /// Offset of the u64 size in the argument struct.
+    pub size_offset: u32,
+    /// Reserved; keeps the struct 8-byte aligned in arrays.
+    pub _reserved: u32,
+}
+
+/// One finished recorded ioctl, as the ring buffer carries it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DmaCall {
+    /// Thread id.
+    pub tid: u32,
+    /// Process id.
+    pub tgid: u32,
+    /// The ioctl request number.
+    pub cmd: u32,
+    /// Probed calls not accounted in this call (nested deeper than MAX_CALL_DEPTH, or a return
+    /// without its entry).
+    pub unaccounted: u32,
+    /// `bpf_ktime_get_ns` at syscall entry.
+    pub start_ns: u64,
+    /// Syscall entry to exit.
+    pub duration_ns: u64,
+    /// The syscall's return value.
+    pub ret: i64,
+    /// IOVA from the argument struct (0 if unreadable).
+    pub iova: u64,
+    /// Size from the argument struct (0 if unreadable).
+    pub size: u64,
+    /// Exclusive time of the probe-table rows inside the call, by category index.
+    pub category_ns: [u64; MAX_CATEGORIES],
+}
+
+/// A thread's recorded ioctl in progress: the record being filled and the thread's own stack
+/// of active probed calls.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ThreadCall {
+    /// The record.
+    pub call: DmaCall,
+    /// Depth of `frames` in use (may exceed MAX_CALL_DEPTH).
+    pub depth: u32,
+    /// Reserved; keeps `frames` 8-byte aligned.
+    pub _reserved: u32,
+    /// Active probed calls, outermost first.
+    pub frames: [Frame; MAX_CALL_DEPTH as usize],
+}
 
 /// What user space tells the BPF programs while they run.
 #[repr(C)]
@@ -128,6 +247,10 @@ pub struct RowConfig {
     pub row: u32,
     /// Argument (0-based) whose value is summed into `RowStats::amount`, or -1.
     pub amount_arg: i32,
+    /// Category index of the row's exclusive time in a recorded call (< MAX_CATEGORIES).
+    pub category: u32,
+    /// Reserved; keeps the struct 8-byte sized.
+    pub _reserved: u32,
 }
 
 /// Exact per-row accounting for one phase slot.
@@ -167,6 +290,10 @@ pub struct Frame {
     pub child_calls: u64,
     /// How many of those were kprobe hits.
     pub child_kprobe_calls: u64,
+    /// Category index of the row (from its [`RowConfig`]).
+    pub category: u32,
+    /// Reserved; keeps the struct 8-byte sized.
+    pub _reserved: u32,
 }
 
 /// Key of one sampled-stack count.
@@ -197,6 +324,14 @@ mod pod {
     unsafe impl aya::Pod for super::RowStats {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::Frame {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::Watch {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::RecordSyscalls {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::RecordIoctl {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::DmaCall {}
 }
 
 /// The workload thread's syscall in progress (raw_syscalls:sys_enter -> sys_exit).

@@ -1,5 +1,6 @@
-//! dmaprof's BPF programs. Every program first checks that the event belongs to the workload
-//! thread and to a recorded phase, and aggregates in maps: nothing is sent per event.
+//! dmaprof's BPF programs. Every program first checks that the event belongs to a watched
+//! thread (`run`'s workload thread, or any thread of `record`'s processes) and to a recorded
+//! phase, and aggregates in maps; `record` alone sends one record per DMA ioctl.
 #![no_std]
 #![no_main]
 // aya-ebpf's program macros drop the doc comments of the functions they wrap.
@@ -9,11 +10,12 @@
 
 use aya_ebpf::{
     EbpfContext,
-    bindings::BPF_NOEXIST,
+    bindings::{BPF_NOEXIST, pt_regs},
     helpers::generated::bpf_get_func_arg,
     helpers::{bpf_get_current_pid_tgid, bpf_get_func_ip, bpf_ktime_get_ns},
+    helpers::{bpf_probe_read_kernel, bpf_probe_read_user},
     macros::{fentry, fexit, kprobe, kretprobe, map, perf_event, raw_tracepoint},
-    maps::{Array, HashMap, StackTrace},
+    maps::{Array, HashMap, PerCpuArray, RingBuf, StackTrace},
     programs::{
         FEntryContext, FExitContext, PerfEventContext, ProbeContext, RawTracePointContext, RetProbeContext,
         tracing::StackIdContext as _,
@@ -21,8 +23,9 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::warn;
 use profiler_ebpf::{
-    Control, Frame, MAX_CALL_DEPTH, MAX_PHASES, MAX_ROWS, PhaseCounters, RowConfig, RowStats, SAMPLE_MAP_ENTRIES,
-    STACK_MAP_ENTRIES, SampleKey, SyscallEntry,
+    CALLS_RING_BYTES, Control, DmaCall, Frame, MAX_CALL_DEPTH, MAX_CATEGORIES, MAX_PHASES, MAX_RECORD_IOCTLS, MAX_ROWS,
+    MAX_THREAD_CALLS, MAX_WATCHED, PhaseCounters, RecordIoctl, RecordSyscalls, RowConfig, RowStats, SAMPLE_MAP_ENTRIES,
+    STACK_MAP_ENTRIES, SampleKey, SyscallEntry, ThreadCall, Watch,
 };
 
 /// The workload thread's id; set by user space at load time.
@@ -33,6 +36,52 @@ static TARGET_TID: u32 = 0;
 /// Its own phase switches go through bpf(), so those calls are left out of the syscall time.
 #[unsafe(no_mangle)]
 static IGNORED_SYSCALL: i64 = -1;
+
+/// Whether the programs watch one thread or processes; set by user space at load time.
+#[unsafe(no_mangle)]
+static WATCH: Watch = Watch {
+    by_process: 0,
+    _reserved: 0,
+};
+
+/// The syscalls `record` reacts to; set by user space at load time.
+#[unsafe(no_mangle)]
+static RECORD_SYSCALLS: RecordSyscalls = RecordSyscalls {
+    ioctl: -1,
+    clones: [-1; 4],
+};
+
+/// The ioctls `record` records; set by user space at load time.
+#[unsafe(no_mangle)]
+static RECORD_IOCTLS: [RecordIoctl; MAX_RECORD_IOCTLS] = [RecordIoctl {
+    cmd: 0,
+    iova_offset: 0,
+    size_offset: 0,
+    _reserved: 0,
+}; MAX_RECORD_IOCTLS];
+
+#[map]
+static WATCHED: HashMap<u32, u8> = HashMap::with_max_entries(MAX_WATCHED, 0);
+
+#[map]
+static THREAD_CALLS: HashMap<u32, ThreadCall> = HashMap::with_max_entries(MAX_THREAD_CALLS, 0);
+
+#[map]
+static CALL_SCRATCH: PerCpuArray<ThreadCall> = PerCpuArray::with_max_entries(1, 0);
+
+#[map]
+static CALLS: RingBuf = RingBuf::with_byte_size(CALLS_RING_BYTES, 0);
+
+#[map]
+static LOST_CALLS: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// Whether the programs watch processes (`record`) rather than one thread.
+#[inline(always)]
+fn by_process() -> bool {
+    // SAFETY: WATCH is a plain struct in .rodata; the volatile read keeps the compiler from
+    // folding the load-time value to its default.
+    unsafe { core::ptr::read_volatile(&WATCH.by_process) != 0 }
+}
 
 #[map]
 static CONTROL: Array<Control> = Array::with_max_entries(1, 0);
@@ -49,14 +98,10 @@ static STACKS: StackTrace = StackTrace::with_max_entries(STACK_MAP_ENTRIES, 0);
 #[map]
 static SYSCALL_ENTER: Array<SyscallEntry> = Array::with_max_entries(1, 0);
 
-/// The phase slot being recorded, if the current thread is the workload thread.
+/// The phase slot being recorded, if the current thread is watched.
 #[inline(always)]
 fn recording_phase() -> Option<u32> {
-    // SAFETY: TARGET_TID is a plain u32 in .rodata; the volatile read keeps the compiler from
-    // folding the load-time value to its 0 default.
-    let target = unsafe { core::ptr::read_volatile(&TARGET_TID) };
-    let tid = bpf_get_current_pid_tgid() as u32;
-    if tid != target {
+    if !is_target_thread() {
         return None;
     }
     let phase = CONTROL.get(0)?.phase;
@@ -104,11 +149,19 @@ pub fn sample_stack(ctx: PerfEventContext) -> u32 {
     0
 }
 
+/// Whether the current thread is watched: the workload thread, or (`record`) any thread of a
+/// watched process.
 #[inline(always)]
 fn is_target_thread() -> bool {
-    // SAFETY: see recording_phase.
+    let id = bpf_get_current_pid_tgid();
+    if by_process() {
+        // SAFETY: only the key's presence is read.
+        return unsafe { WATCHED.get(&((id >> 32) as u32)) }.is_some();
+    }
+    // SAFETY: TARGET_TID is a plain u32 in .rodata; the volatile read keeps the compiler from
+    // folding the load-time value to its 0 default.
     let target = unsafe { core::ptr::read_volatile(&TARGET_TID) };
-    bpf_get_current_pid_tgid() as u32 == target
+    id as u32 == target
 }
 
 /// raw_syscalls:sys_enter(regs, id). Every syscall of the workload thread is noted, in or out
@@ -122,13 +175,23 @@ pub fn sys_enter(ctx: RawTracePointContext) -> u32 {
     // SAFETY: reading the clock has no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     let id: i64 = ctx.arg(1);
+    if by_process() {
+        record_enter(&ctx, id, now);
+        return 0;
+    }
     let _ = SYSCALL_ENTER.set(0, SyscallEntry { enter_ns: now, id }, 0);
     0
 }
 
 /// raw_syscalls:sys_exit(regs, ret).
 #[raw_tracepoint(tracepoint = "sys_exit")]
-pub fn sys_exit(_ctx: RawTracePointContext) -> u32 {
+pub fn sys_exit(ctx: RawTracePointContext) -> u32 {
+    if by_process() {
+        if is_target_thread() {
+            record_exit(&ctx);
+        }
+        return 0;
+    }
     let Some(phase) = recording_phase() else {
         return 0;
     };
@@ -265,6 +328,38 @@ fentry_slots! {
     row_fentry_21 row_fexit_21 row_fentry_22 row_fexit_22 row_fentry_23 row_fexit_23
 }
 
+/// Where the current thread's stack of active probed calls lives: the one shared stack
+/// (`run` watches one thread), or the thread's recorded ioctl (`record`; None outside one,
+/// where rows are not accounted).
+#[inline(always)]
+fn call_stack() -> Option<(*mut u32, Option<*mut ThreadCall>)> {
+    if !by_process() {
+        return CALL_DEPTH.get_ptr_mut(0).map(|d| (d, None));
+    }
+    let thread = THREAD_CALLS.get_ptr_mut(bpf_get_current_pid_tgid() as u32)?;
+    // SAFETY: valid map value pointer for the duration of the program.
+    Some((unsafe { &raw mut (*thread).depth }, Some(thread)))
+}
+
+/// Frame `d` of the stack [`call_stack`] found.
+#[inline(always)]
+fn frame_at(thread: Option<*mut ThreadCall>, d: u32) -> Option<*mut Frame> {
+    match thread {
+        None => CALL_STACK.get_ptr_mut(d),
+        // SAFETY: valid map value pointer; the index is bounds-checked.
+        Some(t) => unsafe { (*t).frames.get_mut(d as usize).map(|f| f as *mut Frame) },
+    }
+}
+
+/// Counts a probed call a recorded ioctl could not account.
+#[inline(always)]
+fn unaccounted(thread: Option<*mut ThreadCall>) {
+    if let Some(t) = thread {
+        // SAFETY: valid map value pointer for the duration of the program.
+        unsafe { (*t).call.unaccounted += 1 };
+    }
+}
+
 /// Pushes a frame for the row of the function at `ip` (caught by a kprobe or by fentry);
 /// `arg(n)` reads its argument n.
 #[inline(always)]
@@ -280,7 +375,7 @@ fn enter<C: EbpfContext>(ctx: &C, ip: u64, kprobe: bool, arg: impl FnOnce(i32) -
         return 0;
     }
     let amount = arg(cfg.amount_arg);
-    let (Some(depth), Some(c)) = (CALL_DEPTH.get_ptr_mut(0), counters(phase)) else {
+    let (Some((depth, thread)), Some(c)) = (call_stack(), counters(phase)) else {
         return 0;
     };
     // SAFETY: valid map value pointer for the duration of the program.
@@ -295,9 +390,10 @@ fn enter<C: EbpfContext>(ctx: &C, ip: u64, kprobe: bool, arg: impl FnOnce(i32) -
             );
         }
         c.stack_overflow += 1;
+        unaccounted(thread);
         return 0;
     }
-    if let Some(frame) = CALL_STACK.get_ptr_mut(d) {
+    if let Some(frame) = frame_at(thread, d) {
         // SAFETY: reading the clock has no preconditions; the frame pointer is a valid value.
         unsafe {
             *frame = Frame {
@@ -308,13 +404,16 @@ fn enter<C: EbpfContext>(ctx: &C, ip: u64, kprobe: bool, arg: impl FnOnce(i32) -
                 amount,
                 child_calls: 0,
                 child_kprobe_calls: 0,
+                category: cfg.category,
+                _reserved: 0,
             }
         };
     }
     0
 }
 
-/// Pops the innermost frame and accounts its inclusive and exclusive time.
+/// Pops the innermost frame and accounts its inclusive and exclusive time (and, inside a
+/// recorded ioctl, its exclusive time to its category).
 #[inline(always)]
 fn leave<C: EbpfContext>(ctx: &C) -> u32 {
     let Some(phase) = recording_phase() else {
@@ -322,7 +421,7 @@ fn leave<C: EbpfContext>(ctx: &C) -> u32 {
     };
     // SAFETY: reading the clock has no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
-    let (Some(depth), Some(c)) = (CALL_DEPTH.get_ptr_mut(0), counters(phase)) else {
+    let (Some((depth, thread)), Some(c)) = (call_stack(), counters(phase)) else {
         return 0;
     };
     // SAFETY: valid map value pointer for the duration of the program.
@@ -335,6 +434,7 @@ fn leave<C: EbpfContext>(ctx: &C) -> u32 {
             );
         }
         c.unmatched_exit += 1;
+        unaccounted(thread);
         return 0;
     }
     // SAFETY: as above.
@@ -342,22 +442,30 @@ fn leave<C: EbpfContext>(ctx: &C) -> u32 {
     if d > MAX_CALL_DEPTH {
         return 0;
     }
-    let Some(frame) = CALL_STACK.get(d - 1).copied() else {
+    let Some(frame) = frame_at(thread, d - 1) else {
         return 0;
     };
+    // SAFETY: valid map value pointer; copied before the parent frame is written.
+    let frame = unsafe { *frame };
     let inclusive = now.saturating_sub(frame.start_ns);
+    let exclusive = inclusive.saturating_sub(frame.child_ns);
     if let Some(stats) = ROW_STATS.get_ptr_mut(phase * MAX_ROWS + frame.row) {
         // SAFETY: valid map value pointer for the duration of the program.
         let stats = unsafe { &mut *stats };
         stats.calls += 1;
         stats.inclusive_ns += inclusive;
-        stats.exclusive_ns += inclusive.saturating_sub(frame.child_ns);
+        stats.exclusive_ns += exclusive;
         stats.amount += frame.amount;
         stats.child_calls += frame.child_calls;
         stats.child_kprobe_calls += frame.child_kprobe_calls;
     }
+    if let Some(t) = thread {
+        let i = frame.category as usize & (MAX_CATEGORIES - 1);
+        // SAFETY: valid map value pointer; the index is masked into the array.
+        unsafe { (*t).call.category_ns[i] += exclusive };
+    }
     if d >= 2
-        && let Some(parent) = CALL_STACK.get_ptr_mut(d - 2)
+        && let Some(parent) = frame_at(thread, d - 2)
     {
         // SAFETY: valid map value pointer for the duration of the program.
         unsafe {
@@ -367,6 +475,104 @@ fn leave<C: EbpfContext>(ctx: &C) -> u32 {
         }
     }
     0
+}
+
+/// The recorded ioctl kind of request `cmd`, if it is one.
+#[inline(always)]
+fn recorded_ioctl(cmd: u32) -> Option<RecordIoctl> {
+    for i in 0..MAX_RECORD_IOCTLS {
+        // SAFETY: RECORD_IOCTLS is a plain array in .rodata; see by_process.
+        let k = unsafe { core::ptr::read_volatile(&RECORD_IOCTLS[i]) };
+        if k.cmd != 0 && k.cmd == cmd {
+            return Some(k);
+        }
+    }
+    None
+}
+
+/// A u64 at `addr` in the calling process's memory, or 0.
+#[inline(always)]
+fn user_u64(addr: u64) -> u64 {
+    // SAFETY: bpf_probe_read_user checks the address and fails cleanly.
+    unsafe { bpf_probe_read_user(addr as *const u64) }.unwrap_or(0)
+}
+
+/// Syscall argument register `reg` of the tracepoint's pt_regs, or 0.
+#[inline(always)]
+fn reg(regs: *const pt_regs, read: impl FnOnce(*const pt_regs) -> *const u64) -> u64 {
+    // SAFETY: the pointer is the tracepoint's pt_regs; bpf_probe_read_kernel checks the read.
+    unsafe { bpf_probe_read_kernel(read(regs)) }.unwrap_or(0)
+}
+
+/// `record`: a watched thread enters ioctl(fd, cmd, arg) with a recorded `cmd`: its call
+/// starts, with the IOVA and size read from the argument struct.
+#[inline(always)]
+fn record_enter(ctx: &RawTracePointContext, id: i64, now: u64) {
+    // SAFETY: see by_process.
+    if id != unsafe { core::ptr::read_volatile(&RECORD_SYSCALLS.ioctl) } {
+        return;
+    }
+    let regs: *const pt_regs = ctx.arg(0);
+    // SAFETY: only the field's address is computed.
+    let cmd = reg(regs, |r| unsafe { &raw const (*r).rsi }) as u32;
+    let Some(kind) = recorded_ioctl(cmd) else {
+        return;
+    };
+    // SAFETY: as above.
+    let arg = reg(regs, |r| unsafe { &raw const (*r).rdx });
+    let Some(scratch) = CALL_SCRATCH.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: valid per-CPU map value pointer; no other program runs on this CPU meanwhile.
+    let s = unsafe { &mut *scratch };
+    let id = bpf_get_current_pid_tgid();
+    s.call.tid = id as u32;
+    s.call.tgid = (id >> 32) as u32;
+    s.call.cmd = cmd;
+    s.call.unaccounted = 0;
+    s.call.start_ns = now;
+    s.call.duration_ns = 0;
+    s.call.ret = 0;
+    s.call.iova = user_u64(arg.wrapping_add(u64::from(kind.iova_offset)));
+    s.call.size = user_u64(arg.wrapping_add(u64::from(kind.size_offset)));
+    s.call.category_ns = [0; MAX_CATEGORIES];
+    s.depth = 0;
+    let _ = THREAD_CALLS.insert(&(id as u32), &*s, 0);
+}
+
+/// `record`: a watched thread leaves a syscall. A clone's child is watched from now on; a
+/// recorded ioctl's record goes to user space.
+#[inline(always)]
+fn record_exit(ctx: &RawTracePointContext) {
+    let ret: i64 = ctx.arg(1);
+    if ret > 0 {
+        let regs: *const pt_regs = ctx.arg(0);
+        // SAFETY: only the field's address is computed.
+        let nr = reg(regs, |r| unsafe { &raw const (*r).orig_rax }) as i64;
+        // SAFETY: see by_process.
+        let clones = unsafe { core::ptr::read_volatile(&RECORD_SYSCALLS.clones) };
+        if clones.contains(&nr) {
+            let _ = WATCHED.insert(&(ret as u32), &1, 0);
+        }
+    }
+    let tid = bpf_get_current_pid_tgid() as u32;
+    let Some(state) = THREAD_CALLS.get_ptr_mut(tid) else {
+        return;
+    };
+    // SAFETY: reading the clock has no preconditions; the state pointer is a valid map value.
+    let call = unsafe {
+        let now = bpf_ktime_get_ns();
+        (*state).call.duration_ns = now.saturating_sub((*state).call.start_ns);
+        (*state).call.ret = ret;
+        &(*state).call
+    };
+    if CALLS.output::<DmaCall>(call, 0).is_err()
+        && let Some(lost) = LOST_CALLS.get_ptr_mut(0)
+    {
+        // SAFETY: valid per-CPU map value pointer.
+        unsafe { *lost += 1 };
+    }
+    let _ = THREAD_CALLS.remove(tid);
 }
 
 #[cfg(not(test))]

@@ -1,5 +1,5 @@
 //! The `dmaprof` command line: subcommands and options, and the run options they give.
-use std::path::PathBuf;
+use std::{path::PathBuf, time::Duration};
 
 use clap::{Parser, Subcommand};
 
@@ -8,6 +8,7 @@ use crate::{
     matrix::{Prefault, Thp},
     plan::RunOptions,
     probes::{Mechanism, Pass},
+    record::RecordOptions,
     size::ByteSize,
     sys,
     workload::Phase,
@@ -47,6 +48,19 @@ fn percent(s: &str) -> Result<f64, String> {
     }
 }
 
+/// A duration: seconds, or with an `ms`, `s`, `m` or `h` suffix (`--duration`). A clap value
+/// parser: the String is the message clap prints.
+fn duration(s: &str) -> Result<Duration, String> {
+    let (num, unit_ms) = [("ms", 1), ("s", 1000), ("m", 60_000), ("h", 3_600_000)]
+        .iter()
+        .find_map(|(suffix, ms)| s.strip_suffix(suffix).map(|n| (n, *ms)))
+        .unwrap_or((s, 1000));
+    match num.trim().parse::<f64>() {
+        Ok(v) if v > 0.0 && v.is_finite() => Ok(Duration::from_secs_f64(v * unit_ms as f64 / 1000.0)),
+        _ => Err(format!("`{s}` is not a duration above 0 (e.g. 10s, 500ms, 2m)")),
+    }
+}
+
 /// dmaprof's arguments.
 #[derive(Parser)]
 #[command(
@@ -78,6 +92,9 @@ pub enum Command {
     List,
     /// Run the workload matrix under the probes and report where the time went.
     Run(RunArgs),
+    /// Record the DMA map and unmap ioctls of running processes, or of a command and its
+    /// children: one record per call with its exact breakdown.
+    Record(RecordArgs),
     /// Re-render a saved report.json as tables (or JSON).
     Report {
         /// The report.json of a run.
@@ -238,9 +255,49 @@ impl RunArgs {
     }
 }
 
-/// The passes in the order given, each once.
-fn dedup(passes: &[Pass]) -> Vec<Pass> {
-    let mut out: Vec<Pass> = Vec::new();
+/// Options of `dmaprof record`: exactly one of `-p` and a command.
+#[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["pids", "command"])))]
+pub struct RecordArgs {
+    /// Processes to watch (every thread; children they start from now on too).
+    #[arg(short = 'p', long = "pid", value_name = "PID", value_delimiter = ',')]
+    pub pids: Vec<u32>,
+    /// Stop after this long (default: when the processes end, or Ctrl-C).
+    #[arg(long, value_parser = duration)]
+    pub duration: Option<Duration>,
+    /// Output directory (default: dmaprof-out/record-<timestamp>).
+    #[arg(short = 'o', long = "out")]
+    pub out: Option<PathBuf>,
+    /// Print report.json on stdout instead of the tables.
+    #[arg(long)]
+    pub json: bool,
+    /// Probe mechanisms for the exact breakdown (sampling is not available to `record`).
+    #[arg(long = "probes", value_delimiter = ',', default_value = "tracepoints,fentry,kprobes")]
+    pub mechanisms: Vec<Mechanism>,
+    /// The command to start and record (after `--`).
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+impl RecordArgs {
+    /// The record options these arguments give.
+    pub fn options(&self) -> RecordOptions {
+        RecordOptions {
+            pids: self.pids.clone(),
+            command: self.command.clone(),
+            duration: self.duration,
+            out: self
+                .out
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("dmaprof-out").join(format!("record-{}", sys::timestamp()))),
+            mechanisms: dedup(&self.mechanisms),
+        }
+    }
+}
+
+/// The items in the order given, each once.
+fn dedup<T: PartialEq + Copy>(passes: &[T]) -> Vec<T> {
+    let mut out: Vec<T> = Vec::new();
     for p in passes {
         if !out.contains(p) {
             out.push(*p);
@@ -272,6 +329,36 @@ mod tests {
         assert!(diff(&["--fail-above", "0"]).is_err());
         assert!(diff(&["--phase", "map"]).is_err(), "--phase needs --fail-above");
         assert!(diff(&["--fail-above", "5", "--phase", "mapp"]).is_err());
+    }
+
+    #[test]
+    fn record_takes_pids_or_a_command_never_both() {
+        let record = |args: &[&str]| Cli::try_parse_from([&["dmaprof", "record"], args].concat());
+        let Ok(Cli {
+            command: Command::Record(a),
+        }) = record(&["-p", "1,2", "--duration", "1.5s"])
+        else {
+            panic!("-p 1,2 parses");
+        };
+        assert_eq!(
+            (a.pids.clone(), a.duration),
+            (vec![1, 2], Some(Duration::from_millis(1500)))
+        );
+        assert!(!a.options().mechanisms.contains(&Mechanism::Samples));
+        let Ok(Cli {
+            command: Command::Record(a),
+        }) = record(&["-o", "x", "--", "qemu", "-m", "1G"])
+        else {
+            panic!("a command parses");
+        };
+        assert_eq!(a.command, vec!["qemu", "-m", "1G"]);
+        assert!(record(&[]).is_err(), "neither");
+        assert!(record(&["-p", "1", "--", "true"]).is_err(), "both");
+        assert!(record(&["-p", "x"]).is_err());
+        assert_eq!(duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(duration("3"), Ok(Duration::from_secs(3)));
+        assert!(duration("0").is_err() && duration("soon").is_err());
     }
 
     #[test]

@@ -153,6 +153,105 @@ pub struct DmaContext {
     use_map_file: bool,
 }
 
+/// A DMA map or unmap ioctl, as `record` recognises it in another process: its request number
+/// and where its argument struct keeps the IOVA and the size.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    serde::Serialize,
+    serde::Deserialize,
+    strum::EnumIter,
+    strum::IntoStaticStr,
+    strum::Display,
+)]
+pub enum DmaIoctl {
+    /// VFIO type1 (and iommufd's compat container) map.
+    #[serde(rename = "VFIO_IOMMU_MAP_DMA")]
+    #[strum(serialize = "VFIO_IOMMU_MAP_DMA")]
+    VfioMapDma,
+    /// VFIO type1 unmap.
+    #[serde(rename = "VFIO_IOMMU_UNMAP_DMA")]
+    #[strum(serialize = "VFIO_IOMMU_UNMAP_DMA")]
+    VfioUnmapDma,
+    /// iommufd map of user memory.
+    #[serde(rename = "IOMMU_IOAS_MAP")]
+    #[strum(serialize = "IOMMU_IOAS_MAP")]
+    IoasMap,
+    /// iommufd map of a file range (6.13+).
+    #[serde(rename = "IOMMU_IOAS_MAP_FILE")]
+    #[strum(serialize = "IOMMU_IOAS_MAP_FILE")]
+    IoasMapFile,
+    /// iommufd unmap.
+    #[serde(rename = "IOMMU_IOAS_UNMAP")]
+    #[strum(serialize = "IOMMU_IOAS_UNMAP")]
+    IoasUnmap,
+    /// iommufd copy of a mapping into another IOAS (the destination IOVA is recorded).
+    #[serde(rename = "IOMMU_IOAS_COPY")]
+    #[strum(serialize = "IOMMU_IOAS_COPY")]
+    IoasCopy,
+}
+
+impl DmaIoctl {
+    /// The ioctl request number.
+    pub fn cmd(self) -> libc::c_ulong {
+        match self {
+            DmaIoctl::VfioMapDma => VFIO_IOMMU_MAP_DMA,
+            DmaIoctl::VfioUnmapDma => VFIO_IOMMU_UNMAP_DMA,
+            DmaIoctl::IoasMap => IOMMU_IOAS_MAP,
+            DmaIoctl::IoasMapFile => IOMMU_IOAS_MAP_FILE,
+            DmaIoctl::IoasUnmap => IOMMU_IOAS_UNMAP,
+            DmaIoctl::IoasCopy => io(iofd::IOMMUFD_CMD_IOAS_COPY),
+        }
+    }
+
+    /// Offsets of the u64 IOVA and the u64 size in the argument struct.
+    pub fn iova_and_size_offsets(self) -> (usize, usize) {
+        use std::mem::offset_of;
+        match self {
+            DmaIoctl::VfioMapDma => (
+                offset_of!(vfio::vfio_iommu_type1_dma_map, iova),
+                offset_of!(vfio::vfio_iommu_type1_dma_map, size),
+            ),
+            DmaIoctl::VfioUnmapDma => (
+                offset_of!(vfio::vfio_iommu_type1_dma_unmap, iova),
+                offset_of!(vfio::vfio_iommu_type1_dma_unmap, size),
+            ),
+            DmaIoctl::IoasMap => (
+                offset_of!(iofd::iommu_ioas_map, iova),
+                offset_of!(iofd::iommu_ioas_map, length),
+            ),
+            DmaIoctl::IoasMapFile => (
+                offset_of!(iofd::iommu_ioas_map_file, iova),
+                offset_of!(iofd::iommu_ioas_map_file, length),
+            ),
+            DmaIoctl::IoasUnmap => (
+                offset_of!(iofd::iommu_ioas_unmap, iova),
+                offset_of!(iofd::iommu_ioas_unmap, length),
+            ),
+            DmaIoctl::IoasCopy => (
+                offset_of!(iofd::iommu_ioas_copy, dst_iova),
+                offset_of!(iofd::iommu_ioas_copy, length),
+            ),
+        }
+    }
+
+    /// Whether it maps (rather than unmaps).
+    pub fn maps(self) -> bool {
+        !matches!(self, DmaIoctl::VfioUnmapDma | DmaIoctl::IoasUnmap)
+    }
+
+    /// The kind with request number `cmd`.
+    pub fn from_cmd(cmd: u32) -> Option<Self> {
+        <Self as strum::IntoEnumIterator>::iter().find(|k| k.cmd() == libc::c_ulong::from(cmd))
+    }
+}
+
 /// Which ioctl a mode uses for the map phase.
 pub fn map_ioctl(mode: DmaMode, memfd: bool) -> &'static str {
     match (mode, memfd) {
@@ -493,6 +592,20 @@ mod tests {
         assert_eq!(VFIO_DEVICE_BIND_IOMMUFD, 0x3b76);
         assert_eq!(IOMMU_IOAS_MAP, 0x3b85);
         assert_eq!(IOMMU_IOAS_MAP_FILE, 0x3b8f);
+        assert_eq!(DmaIoctl::IoasCopy.cmd(), 0x3b83);
+        assert_eq!(DmaIoctl::IoasUnmap.cmd(), 0x3b86);
+    }
+
+    #[test]
+    fn recorded_ioctls_find_their_fields() {
+        assert_eq!(DmaIoctl::VfioMapDma.iova_and_size_offsets(), (16, 24));
+        assert_eq!(DmaIoctl::VfioUnmapDma.iova_and_size_offsets(), (8, 16));
+        assert_eq!(DmaIoctl::IoasMap.iova_and_size_offsets(), (32, 24));
+        assert_eq!(DmaIoctl::IoasUnmap.iova_and_size_offsets(), (8, 16));
+        assert_eq!(DmaIoctl::from_cmd(0x3b71), Some(DmaIoctl::VfioMapDma));
+        assert_eq!(DmaIoctl::from_cmd(0x3b70), None);
+        assert_eq!(DmaIoctl::IoasMapFile.to_string(), "IOMMU_IOAS_MAP_FILE");
+        assert!(!DmaIoctl::IoasUnmap.maps() && DmaIoctl::IoasCopy.maps());
     }
 
     #[test]

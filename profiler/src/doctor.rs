@@ -9,7 +9,7 @@ use crate::{
     facts::{Capabilities, Capability, CapabilityId, KernelInfo, VfioDevice},
     hugepages::{self, Pool},
     kernel,
-    loader::{self, Request},
+    loader::{self, Request, Watched},
     privileges,
     probes::{AttachedBy, Mechanism, ProbeStatus},
     symbols::KernelSymbols,
@@ -103,7 +103,7 @@ fn bpf_checks() -> Vec<(CapabilityId, Capability)> {
     let symbols = KernelSymbols::load().ok();
     let tid = sys::gettid();
     let request = |mechanisms| Request {
-        tid,
+        watch: Watched::Thread(tid),
         freq_hz: 999,
         mechanisms,
         symbols: symbols.as_ref(),

@@ -7,9 +7,28 @@ use std::{fmt::Write as _, path::Path};
 use crate::{
     category::{CATEGORIES, Category},
     cli::Format,
-    report::{PhaseReport, Report},
+    recording,
+    report::{self, ParseError, PhaseReport, ReadError, Report},
     table,
 };
+
+/// A saved report, `run`'s or `record`'s (told apart by its schema), in the format asked for.
+/// A recording has no KTAP form (KTAP's tests are `run`'s cases).
+pub fn render_file(path: &Path, format: Format) -> Result<String, ReadError> {
+    let Some(r) = recording::read(path) else {
+        return report::read(path).map(|r| render(&r, format, None));
+    };
+    let r = r?;
+    match format {
+        Format::Table => Ok(recording::render(&r)),
+        Format::Json => Ok(recording::render_as(&r, true, None)),
+        Format::Csv => Ok(recording::csv(&r)),
+        Format::Ktap => Err(ReadError::Format {
+            path: path.display().to_string(),
+            reason: ParseError::OtherSchema(recording::SCHEMA.into()),
+        }),
+    }
+}
 
 /// `report` in the format asked for; the table ends with where the report is (`path`) and
 /// the HTML report next to it, when there is one.
@@ -45,6 +64,11 @@ pub fn saved(report: &Report, path: &Path, format: Format, html: bool) -> Result
         .unwrap_or(Path::new("."));
     let written = crate::output::write_index(dir, report)?;
     Ok(format!("html: {}\n", written.display()))
+}
+
+/// Any of dmaprof's types as pretty JSON, with a final newline.
+pub fn json(v: &impl serde::Serialize) -> String {
+    serde_json::to_string_pretty(v).expect("dmaprof's types serialise") + "\n"
 }
 
 fn ms(ns: u64) -> String {

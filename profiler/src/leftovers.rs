@@ -28,6 +28,15 @@ impl Leftovers {
     }
 }
 
+/// What was found, as JSON or as text.
+pub fn render_as(l: &Leftovers, json: bool) -> String {
+    if json {
+        serde_json::to_string_pretty(l).expect("leftovers serialise") + "\n"
+    } else {
+        render_leftovers(l)
+    }
+}
+
 /// Looks for dmaprof's programs, links, tracefs probe events and processes. The kernel frees a
 /// program only after an RCU grace period once its last reference is gone, so programs with no
 /// process and no link left get up to two seconds to disappear before they count.

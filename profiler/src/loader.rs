@@ -7,7 +7,7 @@ use std::collections::HashSet;
 
 use aya::{
     Btf, Ebpf, EbpfLoader,
-    maps::{Array, HashMap, MapData, StackTraceMap},
+    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf, StackTraceMap},
     programs::{
         FEntry, FExit, KProbe, PerfEvent, Program, ProgramError, RawTracePoint,
         fentry::FEntryLinkId,
@@ -20,6 +20,7 @@ use aya::{
 
 use crate::{
     abi::{self, Control, PhaseCounters, RowConfig, RowStats, SampleKey},
+    category::{CATEGORIES, Category},
     probes::{AttachedBy, Group, Mechanism, NOT_REQUESTED, PROBE_TABLE, ProbeStatus, TRACEPOINTS},
     symbols::KernelSymbols,
 };
@@ -141,11 +142,21 @@ fn load_error(what: &'static str, e: &ProgramError) -> AttachError {
     }
 }
 
-/// What to attach, for which thread.
+/// Which threads the programs watch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Watched {
+    /// One thread (`run`'s workload thread); phases switch recording on and off.
+    Thread(u32),
+    /// Every thread of the processes added with [`Probes::watch_process`] (and their children),
+    /// rows accounted inside these ioctls only, one record per ioctl (`record`).
+    Processes([abi::RecordIoctl; abi::MAX_RECORD_IOCTLS]),
+}
+
+/// What to attach, for which threads.
 #[derive(Clone)]
 pub struct Request<'a> {
-    /// The thread the programs watch.
-    pub tid: u32,
+    /// The threads the programs watch.
+    pub watch: Watched,
     /// Sampling frequency (with [`Mechanism::Samples`]).
     pub freq_hz: u64,
     /// Mechanisms to use.
@@ -167,15 +178,30 @@ struct RowPlan {
     fentry_able: bool,
 }
 
-/// Loads the object with the workload thread's id and the bpf() syscall number filled in.
+/// Loads the object with what it watches and the syscall numbers filled in.
 /// The kernel's BTF is parsed once and given to the loader (which would parse it again).
-pub fn load(tid: u32, sample_map_entries: Option<u32>, btf: Option<&Btf>) -> Result<Ebpf, AttachError> {
+pub fn load(watch: &Watched, sample_map_entries: Option<u32>, btf: Option<&Btf>) -> Result<Ebpf, AttachError> {
     let ignored: i64 = libc::SYS_bpf;
+    let (tid, by_process, ioctls) = match watch {
+        Watched::Thread(tid) => (*tid, 0, [abi::RecordIoctl::default(); abi::MAX_RECORD_IOCTLS]),
+        Watched::Processes(ioctls) => (0, 1, *ioctls),
+    };
+    let mode = abi::Watch {
+        by_process,
+        _reserved: 0,
+    };
+    let syscalls = abi::RecordSyscalls {
+        ioctl: libc::SYS_ioctl,
+        clones: [libc::SYS_clone, libc::SYS_fork, libc::SYS_vfork, libc::SYS_clone3],
+    };
     let mut loader = EbpfLoader::new();
     loader.btf(btf);
     loader
         .override_global(abi::TARGET_TID_GLOBAL, &tid, true)
-        .override_global(abi::IGNORED_SYSCALL_GLOBAL, &ignored, true);
+        .override_global(abi::IGNORED_SYSCALL_GLOBAL, &ignored, true)
+        .override_global(abi::WATCH_GLOBAL, &mode, true)
+        .override_global(abi::RECORD_SYSCALLS_GLOBAL, &syscalls, true)
+        .override_global(abi::RECORD_IOCTLS_GLOBAL, &ioctls, true);
     if let Some(n) = sample_map_entries {
         loader.map_max_entries(abi::maps::SAMPLES, n);
     }
@@ -567,6 +593,12 @@ fn row_by_ip(ebpf: &mut Ebpf) -> Result<HashMap<&mut aya::maps::MapData, u64, Ro
         })
 }
 
+/// The index a recorded call's per-category time is kept under: the category's place in
+/// [`CATEGORIES`].
+pub fn category_index(c: Category) -> u32 {
+    CATEGORIES.iter().position(|&x| x == c).unwrap_or(CATEGORIES.len() - 1) as u32
+}
+
 /// Fills ROW_BY_IP so the row programs know which row an entry address belongs to.
 fn register_rows(ebpf: &mut Ebpf, symbols: &KernelSymbols, plans: &[RowPlan]) -> Result<(), AttachError> {
     let mut by_ip = row_by_ip(ebpf)?;
@@ -575,6 +607,8 @@ fn register_rows(ebpf: &mut Ebpf, symbols: &KernelSymbols, plans: &[RowPlan]) ->
         let cfg = RowConfig {
             row: plan.row as u32,
             amount_arg: row.amount.map_or(-1, |(a, _)| i32::from(a)),
+            category: category_index(row.category()),
+            _reserved: 0,
         };
         for (_, addrs) in symbols.lookup(row.function).iter().filter(|(s, _)| *s == plan.symbol) {
             for a in *addrs {
@@ -646,10 +680,10 @@ fn attach_events(ebpf: &mut Ebpf, req: &Request) -> (Vec<ProbeStatus>, Vec<Hook>
             error: result.err(),
         });
     }
-    let sampler = if req.mechanisms.contains(&Mechanism::Samples) {
-        attacher.sampler(req.tid, req.freq_hz).map_err(|e| e.to_string())
-    } else {
-        Err(NOT_REQUESTED.into())
+    let sampler = match req.watch {
+        _ if !req.mechanisms.contains(&Mechanism::Samples) => Err(NOT_REQUESTED.into()),
+        Watched::Thread(tid) => attacher.sampler(tid, req.freq_hz).map_err(|e| e.to_string()),
+        Watched::Processes(_) => Err("sampling follows one thread; watched processes are not sampled".into()),
     };
     status.push(ProbeStatus {
         function: format!("cpu-clock@{}Hz", req.freq_hz),
@@ -664,7 +698,7 @@ fn attach_events(ebpf: &mut Ebpf, req: &Request) -> (Vec<ProbeStatus>, Vec<Hook>
 /// that cannot attach is recorded in `status`; only a failed load is an error.
 pub fn attach(req: &Request) -> Result<Probes, AttachError> {
     let btf = Btf::from_sys_fs().ok();
-    let mut ebpf = load(req.tid, req.sample_map_entries, btf.as_ref())?;
+    let mut ebpf = load(&req.watch, req.sample_map_entries, btf.as_ref())?;
     let (mut status, mut hooks, left) = attach_rows(&mut ebpf, btf, req)?;
     let (events, event_hooks) = attach_events(&mut ebpf, req);
     status.extend(events);
@@ -889,6 +923,8 @@ impl Probes {
         let cfg = RowConfig {
             row: CALIBRATION_ROW,
             amount_arg: -1,
+            category: category_index(Category::Other),
+            _reserved: 0,
         };
         for (_, addrs) in symbols.lookup(symbol).iter().filter(|(s, _)| *s == symbol) {
             for a in *addrs {
@@ -941,6 +977,56 @@ impl Probes {
         Ok(st)
     }
 
+    /// Watches every thread of process `pid` (with [`Watched::Processes`]).
+    pub fn watch_process(&mut self, pid: u32) -> Result<(), AttachError> {
+        self.watched()?.insert(pid, 1, 0).map_err(|source| AttachError::Map {
+            what: "WATCHED insert",
+            source,
+        })
+    }
+
+    /// Stops watching process `pid`.
+    pub fn unwatch_process(&mut self, pid: u32) -> Result<(), AttachError> {
+        match self.watched()?.remove(&pid) {
+            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+            Err(source) => Err(AttachError::Map {
+                what: "WATCHED remove",
+                source,
+            }),
+        }
+    }
+
+    fn watched(&mut self) -> Result<HashMap<&mut MapData, u32, u8>, AttachError> {
+        let map = self
+            .ebpf
+            .map_mut(abi::maps::WATCHED)
+            .ok_or_else(|| AttachError::Missing(format!("map {}", abi::maps::WATCHED)))?;
+        HashMap::try_from(map).map_err(|source| AttachError::Map {
+            what: "WATCHED",
+            source,
+        })
+    }
+
+    /// The ring buffer the recorded calls arrive in (taken once).
+    pub fn take_calls(&mut self) -> Result<RingBuf<MapData>, AttachError> {
+        let map = self
+            .ebpf
+            .take_map(abi::maps::CALLS)
+            .ok_or_else(|| AttachError::Missing(format!("map {}", abi::maps::CALLS)))?;
+        RingBuf::try_from(map).map_err(|source| AttachError::Map { what: "CALLS", source })
+    }
+
+    /// Recorded calls the ring buffer had no room for, so far.
+    pub fn lost_calls(&mut self) -> Result<u64, AttachError> {
+        let map_err = |what| move |source| AttachError::Map { what, source };
+        let map = self
+            .ebpf
+            .map(abi::maps::LOST_CALLS)
+            .ok_or_else(|| AttachError::Missing(format!("map {}", abi::maps::LOST_CALLS)))?;
+        let lost: PerCpuArray<&MapData, u64> = PerCpuArray::try_from(map).map_err(map_err("LOST_CALLS"))?;
+        Ok(lost.get(&0, 0).map_err(map_err("LOST_CALLS read"))?.iter().sum())
+    }
+
     /// The loaded object (for tests and doctor's checks).
     pub fn ebpf(&mut self) -> &mut Ebpf {
         &mut self.ebpf
@@ -965,7 +1051,7 @@ mod tests {
     #[test]
     fn rows_without_symbols_say_why() {
         let req = Request {
-            tid: 1,
+            watch: Watched::Thread(1),
             freq_hz: 1,
             mechanisms: &Mechanism::ALL,
             symbols: None,

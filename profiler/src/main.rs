@@ -7,9 +7,9 @@ use clap::Parser as _;
 use profiler::{
     bpflog,
     cli::{Cli, Command, Format, RunArgs},
-    diff, doctor, explain, export, leftovers, matrix, report,
+    diff, doctor, explain, export, leftovers, matrix, record, recording, report,
     session::{Outcome, RunError, Session},
-    stop::{self, Control, StopSignals},
+    stop::Supervisor,
 };
 
 /// When main() began: the start of dmaprof's start-up time.
@@ -22,10 +22,6 @@ fn out(text: &str) {
     if stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()).is_err() {
         std::process::exit(0);
     }
-}
-
-fn json(v: &impl serde::Serialize) -> String {
-    serde_json::to_string_pretty(v).expect("dmaprof's types serialise") + "\n"
 }
 
 fn main() -> ExitCode {
@@ -43,7 +39,9 @@ fn main() -> ExitCode {
         let usage = e.downcast_ref::<RunError>().is_some_and(RunError::is_usage)
             || e.downcast_ref::<diff::DiffError>()
                 .is_some_and(diff::DiffError::is_usage)
-            || e.downcast_ref::<report::ReadError>().is_some();
+            || e.downcast_ref::<report::ReadError>().is_some()
+            || e.downcast_ref::<record::RecordError>()
+                .is_some_and(record::RecordError::is_usage);
         eprintln!("dmaprof: {e:#}");
         ExitCode::from(if usage { 2 } else { 1 })
     })
@@ -57,11 +55,7 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             leftovers: true,
         } => {
             let l = leftovers::leftovers();
-            out(&if as_json {
-                json(&l)
-            } else {
-                leftovers::render_leftovers(&l)
-            });
+            out(&leftovers::render_as(&l, as_json));
             Ok(ExitCode::from(u8::from(!l.is_empty())))
         }
         Command::Doctor {
@@ -69,7 +63,7 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             leftovers: false,
         } => {
             let d = doctor::probe_host();
-            out(&if as_json { json(&d) } else { doctor::render(&d) });
+            out(&if as_json { export::json(&d) } else { doctor::render(&d) });
             Ok(ExitCode::SUCCESS)
         }
         Command::List => {
@@ -82,18 +76,34 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             ktap,
             csv,
             html,
-        } => report::read(&path).map_err(Into::into).and_then(|r| {
-            out(&export::saved(&r, &path, Format::of(as_json, ktap, csv), html)?);
+        } => {
+            let format = Format::of(as_json, ktap, csv);
+            let text = match html {
+                true => export::saved(&report::read(&path)?, &path, format, true)?,
+                false => export::render_file(&path, format)?,
+            };
+            out(&text);
             Ok(ExitCode::SUCCESS)
-        }),
+        }
         Command::Explain {
             report: path,
             json: as_json,
         } => report::read(&path).map_err(Into::into).map(|r| {
             let e = explain::explain(&r);
-            out(&if as_json { json(&e) } else { explain::render(&e) });
+            out(&if as_json { export::json(&e) } else { explain::render(&e) });
             ExitCode::SUCCESS
         }),
+        Command::Diff {
+            before,
+            after,
+            json: as_json,
+            fail_above: None,
+            ..
+        } if let Some(d) = recording::diff_saved(&before, &after) => {
+            let d = d?;
+            out(&recording::render_diff_as(&d, as_json));
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Diff {
             before,
             after,
@@ -104,44 +114,34 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
         } => diff::compare_files(&before, &after, dir)
             .map_err(Into::into)
             .map(|(d, text)| {
-                out(&if as_json { json(&d) } else { text });
+                out(&if as_json { export::json(&d) } else { text });
                 let slower = diff::gate(&d, fail_above, phase);
                 slower.iter().for_each(|line| eprintln!("dmaprof: {line}"));
                 ExitCode::from(u8::from(!slower.is_empty()))
             }),
         Command::Run(args) => run_command(&args),
+        Command::Record(args) => {
+            let (r, path, signal) = record::supervised(args.options())?;
+            out(&recording::render_as(&r, args.json, Some(&path)));
+            Ok(ExitCode::from(record::exit_code(signal)))
+        }
     }
 }
 
 fn run_command(args: &RunArgs) -> anyhow::Result<ExitCode> {
     bpflog::show(args.debug || bpflog::rust_log_debug());
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the runtime")?;
     // Registered before anything changes, so a signal at any moment is handled.
-    let signals = {
-        let _ctx = rt.enter();
-        StopSignals::register()
-    };
+    let supervisor = Supervisor::start().context("starting the runtime")?;
     let session = Session::prepare(args.options(*STARTED.get_or_init(Instant::now)))?;
     eprint!("{}", session.plan().summary(session.out_dir()));
     let out_dir = session.out_dir().to_owned();
-    let control = Control::new();
-    let worker = {
-        let control = control.clone();
-        std::thread::Builder::new()
-            .name("dmaprof-workload".into())
-            .spawn(move || session.execute(&control))
-            .context("starting the workload thread")?
-    };
-    rt.block_on(stop::supervise(signals, &control, || worker.is_finished()));
-    let report = worker
-        .join()
-        .map_err(|_| anyhow::anyhow!("the workload thread panicked"))??;
+    let (report, signal) = supervisor
+        .run("dmaprof-workload", move |control| session.execute(control))
+        .context("running the workload thread")?;
+    let report = report?;
     let format = Format::of(args.json, args.ktap, args.csv);
     out(&export::render(&report, format, Some(&out_dir.join("report.json"))));
-    let outcome = Outcome::of(&report, control.signal());
+    let outcome = Outcome::of(&report, signal);
     if let Some(note) = outcome.note() {
         eprintln!("dmaprof: {note}");
     }

@@ -65,7 +65,8 @@ pub fn claim(path: &Path) -> Result<(), NotOurs> {
     if names.is_empty() {
         return Ok(());
     }
-    let ours = fs::read_to_string(path.join("report.json")).is_ok_and(|t| t.contains(crate::report::SCHEMA));
+    let ours = fs::read_to_string(path.join("report.json"))
+        .is_ok_and(|t| t.contains(crate::report::SCHEMA) || t.contains(crate::recording::SCHEMA));
     if !ours {
         return Err(NotOurs(path.display().to_string()));
     }
@@ -150,7 +151,7 @@ pub fn write_atomic(path: &Path, text: &str) -> Result<(), OutputError> {
 }
 
 /// Writes `report.json` into `dir`, atomically.
-pub fn write_report(dir: &Path, report: &Report) -> Result<PathBuf, OutputError> {
+pub fn write_report(dir: &Path, report: &impl serde::Serialize) -> Result<PathBuf, OutputError> {
     let path = dir.join("report.json");
     let json = serde_json::to_string_pretty(report).expect("reports always serialise") + "\n";
     write_atomic(&path, &json)?;

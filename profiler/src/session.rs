@@ -228,7 +228,7 @@ impl Session {
             return Ok(None);
         }
         let mut probes = loader::attach(&Request {
-            tid: sys::gettid(),
+            watch: loader::Watched::Thread(sys::gettid()),
             freq_hz: self.opts.freq_hz,
             mechanisms: &self.opts.mechanisms,
             symbols,

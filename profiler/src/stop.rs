@@ -29,6 +29,8 @@ pub enum Stage {
     Switching(String, Pass),
     /// Reading a case's maps and writing its files.
     Reporting(String),
+    /// `record` watching its processes.
+    Recording,
     /// After the last phase: report written, probes detached. A signal here leaves the report
     /// complete (not partial).
     Finishing,
@@ -43,6 +45,7 @@ impl std::fmt::Display for Stage {
             Stage::Attaching => f.write_str("attaching probes"),
             Stage::Switching(case, pass) => write!(f, "{case} switching to the {pass} pass"),
             Stage::Reporting(case) => write!(f, "{case} reporting"),
+            Stage::Recording => f.write_str("recording"),
             Stage::Finishing => f.write_str("finishing (report, detach)"),
         }
     }
@@ -177,6 +180,46 @@ impl StopSignals {
             term: signal(SignalKind::terminate()).ok(),
             hup: signal(SignalKind::hangup()).ok(),
         }
+    }
+}
+
+/// The stop signals and the runtime that receives them, set up before anything changes.
+pub struct Supervisor {
+    rt: tokio::runtime::Runtime,
+    signals: StopSignals,
+}
+
+impl Supervisor {
+    /// A current-thread runtime with the stop signals registered.
+    pub fn start() -> std::io::Result<Self> {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let signals = {
+            let _ctx = rt.enter();
+            StopSignals::register()
+        };
+        Ok(Self { rt, signals })
+    }
+
+    /// Runs `work` on a thread of its own named `name` while this one handles the signals
+    /// ([`supervise`]); returns what it returned and the stop signal received (0: none).
+    pub fn run<T: Send + 'static>(
+        self,
+        name: &str,
+        work: impl FnOnce(&Control) -> T + Send + 'static,
+    ) -> std::io::Result<(T, i32)> {
+        let control = Control::new();
+        let worker = {
+            let control = control.clone();
+            std::thread::Builder::new()
+                .name(name.into())
+                .spawn(move || work(&control))?
+        };
+        self.rt
+            .block_on(supervise(self.signals, &control, || worker.is_finished()));
+        let out = worker
+            .join()
+            .map_err(|_| std::io::Error::other(format!("the {name} thread panicked")))?;
+        Ok((out, control.signal()))
     }
 }
 

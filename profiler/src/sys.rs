@@ -110,6 +110,27 @@ pub fn gettid() -> u32 {
     unsafe { libc::gettid() as u32 }
 }
 
+/// CLOCK_MONOTONIC in ns: the clock `bpf_ktime_get_ns` reads.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec through a valid pointer; CLOCK_MONOTONIC
+    // always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Whether process `pid` exists and has not exited (a zombie has).
+pub fn process_alive(pid: u32) -> bool {
+    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The state follows the command name, which may itself hold spaces and parentheses.
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next());
+    !matches!(state, None | Some("Z" | "X"))
+}
+
 /// Now (UTC) as `YYYYMMDD-HHMMSS`, for output directory names.
 pub fn timestamp() -> String {
     let secs = std::time::SystemTime::now()
@@ -147,6 +168,13 @@ mod tests {
         assert_eq!(civil(0), "19700101-000000");
         assert_eq!(civil(951_782_400), "20000229-000000");
         assert_eq!(civil(1_798_761_599), "20261231-235959");
+    }
+
+    #[test]
+    fn this_process_is_alive_and_a_free_pid_is_not() {
+        assert!(process_alive(std::process::id()));
+        assert!(!process_alive(u32::MAX));
+        assert!(monotonic_ns() > 0);
     }
 
     #[test]

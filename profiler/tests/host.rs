@@ -1176,3 +1176,182 @@ fn hugepages_taken_by_another_holder_stay_theirs() {
     assert_eq!(after, Some(before + held), "the pool is back to what it was");
     assert_eq!(free_after, Some(free), "the holder's pages are still in use");
 }
+
+/// A perl one-liner making `ioctl`s with the DMA request numbers on /dev/null (ENOTTY, but
+/// the syscalls happen): 3 VFIO_IOMMU_MAP_DMA of 4, 8 and 12 KiB, one VFIO_IOMMU_UNMAP_DMA,
+/// then a forked child's IOMMU_IOAS_MAP of 64 KiB at 8 GiB. perl is Essential in Debian.
+const FAKE_MAPS: &str = r#"open(F, "</dev/null");
+for $i (1..3) { $m = pack("LLQQQ", 32, 3, 0, (1 << 32) + $i * 4096, 4096 * $i); ioctl(F, 0x3b71, $m); }
+$u = pack("LLQQ", 24, 0, 1 << 32, 8192); ioctl(F, 0x3b72, $u);
+if (fork() == 0) { $a = pack("LLLLQQQ", 40, 0, 1, 0, 0, 65536, 1 << 33); ioctl(F, 0x3b85, $a); exit 0 }
+wait;"#;
+
+/// `record -- CMD`: the command runs to its end, every DMA ioctl of it and of its child is one
+/// call with its IOVA, size and return value, `report` re-renders it, nothing is left.
+#[test]
+fn record_follows_a_command_and_its_children() {
+    if !can_run("record_follows_a_command_and_its_children") {
+        return;
+    }
+    let _serial = serial();
+    let dir = tmpdir("record-true");
+    let out = dmaprof()
+        .args(["record", "--json", "-o"])
+        .arg(&dir)
+        .args(["--", "/bin/true"])
+        .output()
+        .unwrap();
+    ok(&out);
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["schema"], "dmaprof.record.v1");
+    assert_eq!(r["calls"].as_array().map(Vec::len), Some(0), "{r}");
+    assert_eq!(
+        (r["process"]["exit_code"].as_i64(), r["partial"].as_bool()),
+        (Some(0), Some(false))
+    );
+    assert!(dir.join("report.json").is_file());
+    let dir = tmpdir("record-perl");
+    let out = dmaprof()
+        .args(["record", "--json", "-o"])
+        .arg(&dir)
+        .args(["--", "perl", "-e", FAKE_MAPS])
+        .output()
+        .unwrap();
+    ok(&out);
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let calls = r["calls"].as_array().unwrap();
+    let kinds: Vec<&str> = calls.iter().map(|c| c["kind"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "VFIO_IOMMU_MAP_DMA",
+            "VFIO_IOMMU_MAP_DMA",
+            "VFIO_IOMMU_MAP_DMA",
+            "VFIO_IOMMU_UNMAP_DMA",
+            "IOMMU_IOAS_MAP"
+        ]
+    );
+    let sizes: Vec<u64> = calls.iter().map(|c| num(&c["size"], "size")).collect();
+    assert_eq!(sizes, [4096, 8192, 12288, 8192, 65536]);
+    assert_eq!(
+        (num(&calls[0]["iova"], "iova"), num(&calls[4]["iova"], "iova")),
+        ((1 << 32) + 4096, 1 << 33)
+    );
+    assert!(calls.iter().all(|c| c["ret"] == -i64::from(libc::ENOTTY)), "{calls:?}");
+    assert_ne!(calls[4]["pid"], calls[0]["pid"], "the child is a process of its own");
+    assert_eq!(r["by_kind"][0]["failed"], 3);
+    let shown = dmaprof().arg("report").arg(dir.join("report.json")).output().unwrap();
+    ok(&shown);
+    assert!(String::from_utf8_lossy(&shown.stdout).contains("VFIO_IOMMU_UNMAP_DMA"));
+    let csv = dmaprof()
+        .args(["report", "--csv"])
+        .arg(dir.join("report.json"))
+        .output()
+        .unwrap();
+    ok(&csv);
+    assert_eq!(
+        String::from_utf8_lossy(&csv.stdout).lines().count(),
+        6,
+        "a header and a row per call"
+    );
+    let diff = dmaprof()
+        .arg("diff")
+        .arg(dir.join("report.json"))
+        .arg(dir.join("report.json"))
+        .output()
+        .unwrap();
+    ok(&diff);
+    assert!(String::from_utf8_lossy(&diff.stdout).contains("3 -> 3"));
+    let left = dmaprof().args(["doctor", "--leftovers"]).output().unwrap();
+    assert!(left.status.success(), "{}", String::from_utf8_lossy(&left.stdout));
+    let _ = fs::remove_dir_all(&dir);
+}
+
+/// A missing process is one line and exit 2 with nothing created; -p and a command together,
+/// or neither, are clap's errors.
+#[test]
+fn record_refuses_bad_targets() {
+    if !can_run("record_refuses_bad_targets") {
+        return;
+    }
+    let dir = tmpdir("record-bad");
+    let out_dir = dir.to_str().unwrap();
+    assert_one_clear_line(&["record", "-p", "999999", "-o", out_dir], 2, "999999");
+    assert!(!dir.exists(), "nothing is left behind");
+    assert_one_clear_line(&["record", "-o", out_dir, "--", "/nonexistent/cmd"], 2, "No such file");
+    assert!(!dir.exists());
+    assert_one_clear_line(&["record", "-p", "1", "--", "true"], 2, "cannot be used with");
+    assert_one_clear_line(&["record"], 2, "required");
+}
+
+/// `record -p`: a running process (and the child it forks) is recorded until it exits; a
+/// recording of a process that does not end stops at Ctrl-C with exit 0, marked partial,
+/// and leaves that process alone.
+#[test]
+fn record_watches_running_processes() {
+    if !can_run("record_watches_running_processes") {
+        return;
+    }
+    let _serial = serial();
+    let mut target = Command::new("perl")
+        .args(["-e", &format!("sleep 2; {FAKE_MAPS}")])
+        .spawn()
+        .unwrap();
+    let dir = tmpdir("record-pid");
+    let out = dmaprof()
+        .args(["record", "--json", "-o"])
+        .arg(&dir)
+        .args(["-p", &target.id().to_string()])
+        .output()
+        .unwrap();
+    ok(&out);
+    assert!(target.wait().unwrap().success());
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["calls"].as_array().map(Vec::len), Some(5), "{r}");
+    assert_eq!(r["process"]["pids"][0], target.id());
+    let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
+    let recorder = dmaprof()
+        .args(["record", "--json", "-o"])
+        .arg(&dir)
+        .args(["-p", &sleeper.id().to_string()])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    // SAFETY: kill has no memory preconditions; the pid is our own child.
+    unsafe { libc::kill(recorder.id() as i32, libc::SIGINT) };
+    let out = recorder.wait_with_output().unwrap();
+    ok(&out);
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["partial"], true);
+    assert_eq!(sleeper.try_wait().unwrap(), None, "a -p process is not ours to stop");
+    sleeper.kill().unwrap();
+    let _ = sleeper.wait();
+    let _ = fs::remove_dir_all(&dir);
+}
+
+/// `--duration` ends a recording; the command it started is stopped with SIGTERM (exit 143).
+#[test]
+fn record_duration_stops_the_command() {
+    if !can_run("record_duration_stops_the_command") {
+        return;
+    }
+    let _serial = serial();
+    let dir = tmpdir("record-duration");
+    let started = std::time::Instant::now();
+    let out = dmaprof()
+        .args(["record", "--json", "--duration", "1s", "-o"])
+        .arg(&dir)
+        .args(["--", "sleep", "30"])
+        .output()
+        .unwrap();
+    ok(&out);
+    assert!(started.elapsed() < std::time::Duration::from_secs(20));
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (r["process"]["exit_code"].as_i64(), r["partial"].as_bool()),
+        (Some(143), Some(false))
+    );
+    assert!(num(&r["duration_ns"], "duration_ns") >= 1_000_000_000);
+    let _ = fs::remove_dir_all(&dir);
+}

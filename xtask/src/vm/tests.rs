@@ -60,7 +60,7 @@ struct VmTest {
 }
 
 /// Every VM test, in the order they run.
-const TESTS: [VmTest; 14] = [
+const TESTS: [VmTest; 15] = [
     VmTest {
         name: "boot_custom_doctor",
         kernel: KernelName::Custom,
@@ -125,6 +125,11 @@ const TESTS: [VmTest; 14] = [
         name: "measurement_c_reference_diffs_and_thp",
         kernel: KernelName::Custom,
         run: measurement,
+    },
+    VmTest {
+        name: "record_c_reference_maps",
+        kernel: KernelName::Custom,
+        run: record_reference,
     },
     VmTest {
         name: "signals_leave_nothing_behind",
@@ -1542,6 +1547,191 @@ fn measurement(c: &Ctx) -> Outcome {
             "{}; ({reference}; {diffs}; {gate}; {thp})",
             problems.join("; ")
         ))
+    }
+}
+
+/// Size and iterations of the C reference `record` records (one more warm-up iteration).
+const RECORD_REF_MIB: u64 = 32;
+const RECORD_REF_ITERATIONS: u64 = 3;
+
+/// `dmaprof record -- dma_map_ref ...`: one record per VFIO_IOMMU_MAP_DMA and
+/// VFIO_IOMMU_UNMAP_DMA the program made (warm-up included), their sizes add up to what it
+/// mapped, each call's categories fit in its duration, the kernel's syscall time fits in the
+/// program's own clock, and nothing is left behind.
+fn record_reference(c: &Ctx) -> Outcome {
+    let dir = scratch("record");
+    let reference = crate::build::build_c_reference().map_err(|e| format!("{e:#}"))?;
+    let cmd = format!(
+        "/bin/dmaprof record -o /tmp/r -- {} $VFIO_SELFTESTS_BDF {} {RECORD_REF_ITERATIONS} \
+           > /out/record.txt 2> /out/err.txt || v record_exit $?
+         cp /tmp/r/report.json /out/record.json
+         /bin/dmaprof report /tmp/r/report.json > /out/report.txt 2>> /out/err.txt || v report_exit $?
+         C='-b {RECORD_REF_MIB}M -v vfio_type1_iommu_anonymous.none'
+         /bin/dmaprof record -o /tmp/rr -- /bin/dmaprof run --no-trace $C -n 3 -o /tmp/u \
+           > /dev/null 2>> /out/err.txt || v record_run_exit $?
+         cp /tmp/rr/report.json /out/record-run.json; cp /tmp/u/report.json /out/run-untraced.json
+         sh -c 'while [ ! -e /tmp/go ]; do sleep 1; done
+                exec /bin/dmaprof run --no-trace '\"$C\"' -n 3 -o /tmp/up > /dev/null' 2>> /out/err.txt &
+         P=$!
+         /bin/dmaprof record -p $P -o /tmp/rp > /dev/null 2>> /out/err.txt &
+         R=$!
+         sleep 10; touch /tmp/go
+         wait $R || v record_pid_exit $?
+         wait $P || v run_pid_exit $?
+         cp /tmp/rp/report.json /out/record-pid.json; cp /tmp/up/report.json /out/run-pid.json
+         /bin/dmaprof run --json --passes exact $C -n 1 -o /tmp/e > /out/run-exact.json 2>> /out/err.txt \
+           || v run_exit $?
+         /bin/dmaprof doctor --leftovers > /out/leftovers.txt 2>&1 || v leftovers_exit $?
+         v done yes",
+        reference.display(),
+        RECORD_REF_MIB << 20
+    );
+    let mut p = plan(c, true, shell(&cmd));
+    p.host_files = vec![reference];
+    boot_ok(p, &dir)?;
+    no_failed_step(&findings(&dir)?, &dir)?;
+    let r = read_json(&dir, "record.json")?;
+    let printed: Vec<f64> = fs::read_to_string(dir.join("record.txt"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.strip_prefix("map_ns ")?.split_whitespace().next()?.parse().ok())
+        .collect();
+    let reference = record_checks(&r, &printed)?;
+    let run = record_run_checks(&dir)?;
+    Ok(format!("{reference}; {run}"))
+}
+
+/// `record -- dmaprof run --no-trace`, and `record -p` on one started beside it: the run's map
+/// calls are recorded (warm-up included) and their kernel times match the run's own untraced
+/// map times within 10%; `run`'s exact pass still attributes the same map (its categories are
+/// shown).
+fn record_run_checks(dir: &Path) -> Outcome {
+    let command = recorded_run(dir, "record-run.json", "run-untraced.json")?;
+    let pid = recorded_run(dir, "record-pid.json", "run-pid.json")?;
+    let exact = read_json(dir, "run-exact.json")?;
+    let exact_map = phase(case(&exact, RECORD_CASE)?, "map")?["exact"].clone();
+    if exact_map["available"] != true {
+        return Err(format!("run's exact map is not available: {exact_map}"));
+    }
+    Ok(format!(
+        "record -- run: {command}; record -p run: {pid}; run's exact map: {}",
+        exact_map["categories"]
+    ))
+}
+
+/// The case the recorded runs run.
+const RECORD_CASE: &str = "vfio_type1_iommu_anonymous.none";
+
+/// A recording of a `dmaprof run --no-trace -n 3` against that run's own report.
+fn recorded_run(dir: &Path, recording: &str, run_report: &str) -> Outcome {
+    let rec = read_json(dir, recording)?;
+    let run = read_json(dir, run_report)?;
+    let maps: Vec<f64> = rec["calls"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["kind"] == "VFIO_IOMMU_MAP_DMA")
+        .map(|c| ns(&c["duration_ns"]))
+        .collect();
+    let median = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    };
+    let own = phase(case(&run, RECORD_CASE)?, "map")?["wall_ns"]["runs"]
+        .as_array()
+        .map(|r| r.iter().map(ns).collect::<Vec<_>>())
+        .unwrap_or_default();
+    let (recorded, reported) = (median(maps.get(1..).unwrap_or_default()), median(&own));
+    let off = (recorded / reported - 1.0).abs();
+    let note = format!(
+        "{} maps, median {:.2} ms vs the run's own {:.2} ms",
+        maps.len(),
+        recorded / 1e6,
+        reported / 1e6
+    );
+    if maps.len() != 4 || own.len() != 3 || off > 0.10 {
+        return Err(format!(
+            "{recording} disagrees with {run_report} ({:.0}% apart): {note}",
+            off * 100.0
+        ));
+    }
+    Ok(note)
+}
+
+/// The checks of [`record_reference`] on the report and the map times the program printed.
+fn record_checks(r: &Value, printed: &[f64]) -> Outcome {
+    let calls = r["calls"].as_array().ok_or("no calls[]")?;
+    let of = |kind: &str| calls.iter().filter(|c| c["kind"] == kind).collect::<Vec<_>>();
+    let (maps, unmaps) = (of("VFIO_IOMMU_MAP_DMA"), of("VFIO_IOMMU_UNMAP_DMA"));
+    let want = RECORD_REF_ITERATIONS + 1;
+    let size = RECORD_REF_MIB << 20;
+    let mut problems = Vec::new();
+    if maps.len() as u64 != want || unmaps.len() as u64 != want || calls.len() as u64 != 2 * want {
+        problems.push(format!(
+            "{} maps, {} unmaps, {} calls (want {want}, {want}, {})",
+            maps.len(),
+            unmaps.len(),
+            calls.len(),
+            2 * want
+        ));
+    }
+    let bytes: f64 = maps.iter().map(|c| ns(&c["size"])).sum();
+    if bytes != (want * size) as f64 || r["by_kind"][0]["bytes"].as_u64() != Some(want * size) {
+        problems.push(format!("mapped {bytes} bytes, want {}", want * size));
+    }
+    for c in calls {
+        let cats: f64 = c["categories"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(_, v)| ns(v))
+            .sum();
+        if cats > ns(&c["duration_ns"]) || c["ret"] != 0 || c["iova"] != 1u64 << 32 {
+            problems.push(format!("call {c}: categories {cats} ns"));
+        }
+    }
+    // The per-function totals count the same returns as the calls' categories.
+    let sum = |v: &Value| v.as_object().into_iter().flatten().map(|(_, v)| ns(v)).sum::<f64>();
+    let in_calls: f64 = calls.iter().map(|c| sum(&c["categories"])).sum();
+    let in_rows: f64 = r["rows"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|w| ns(&w["exclusive_ns"]))
+        .sum();
+    if in_calls != in_rows || in_rows == 0.0 {
+        problems.push(format!(
+            "rows add up to {in_rows} ns, the calls' categories to {in_calls} ns"
+        ));
+    }
+    let map_cats = |c: &Value| c["categories"].as_object().map_or(0, serde_json::Map::len);
+    if maps.iter().any(|c| map_cats(c) == 0) || r["lost"] != 0 || r["partial"] != false {
+        problems.push("a map without categories, lost records or a partial report".into());
+    }
+    // The kernel's entry-to-exit time is inside the program's own clock_gettime pair.
+    let recorded: Vec<f64> = maps.iter().skip(1).map(|c| ns(&c["duration_ns"])).collect();
+    if printed.len() != recorded.len() || printed.iter().zip(&recorded).any(|(p, r)| r > p) {
+        problems.push(format!("recorded map times {recorded:?} vs printed {printed:?}"));
+    }
+    let top = &r["top"][0];
+    let note = format!(
+        ", {} maps + {} unmaps of {RECORD_REF_MIB} MiB; map median {:.2} ms (program's own {:.2} ms), \
+         longest {} {:.2} ms: {}; top function {} {:.2} ms",
+        maps.len(),
+        unmaps.len(),
+        ns(&r["by_kind"][0]["median_ns"]) / 1e6,
+        printed.get(printed.len() / 2).copied().unwrap_or(0.0) / 1e6,
+        top["kind"],
+        ns(&top["duration_ns"]) / 1e6,
+        top["categories"],
+        r["rows"][0]["function"],
+        ns(&r["rows"][0]["exclusive_ns"]) / 1e6
+    );
+    if problems.is_empty() {
+        Ok(note)
+    } else {
+        Err(format!("{}{note}", problems.join("; ")))
     }
 }
 
