@@ -403,9 +403,9 @@ impl Session {
         })
     }
 
-    /// Runs the discarded warm-up iteration and, before an exact pass with a calibrated probe
-    /// cost (`scout`), a discarded scout iteration with every row attached: the rows whose hits
-    /// would cost a syscall phase more than it can carry are demoted for this case.
+    /// Runs two discarded iterations: a warm-up and, before an exact pass with a calibrated
+    /// probe cost (`scout`), a scout with every row attached (the rows whose hits would cost a
+    /// syscall phase more than it can carry are demoted for this case), else a second warm-up.
     fn warm_up(
         &self,
         workload: &Workload,
@@ -421,9 +421,12 @@ impl Session {
         }
         // The scout runs on memory the warm-up has used and freed, as every later iteration
         // does: on fresh memory the pages come physically contiguous and a 4 KiB buffer makes
-        // far fewer DMA chunks than it will.
+        // far fewer DMA chunks than it will. Without a scout a second warm-up takes its place,
+        // so that every run measures after the same allocation history (how contiguous the
+        // pages come, and so how many DMA chunks, depends on it).
         let Some((p, cost)) = scout else {
-            return Ok(Ok(Demotion::default()));
+            let r = workload::run_iteration(workload, dma, &mut warm, control.cancel_flag());
+            return Ok(r.map(|_| Demotion::default()));
         };
         control.enter(Stage::Switching(case.name(), Pass::Exact));
         p.set_demoted(&[]);
