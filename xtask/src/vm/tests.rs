@@ -1834,7 +1834,8 @@ fn signals_in_guest(c: &Ctx) -> Outcome {
 echo $VFIO_SELFTESTS_BDF > $E/driver/unbind; echo > $E/driver_override
 hp() {{ cat /sys/kernel/mm/hugepages/*/nr_hugepages | tr '\n' ,; }}
 drv() {{ basename $(readlink $E/driver 2>/dev/null || echo none); }}
-up() {{ cut -d' ' -f1 /proc/uptime | tr -d .; }}
+# Centiseconds of uptime as a plain decimal ("0.98" with the dot dropped would read as octal).
+up() {{ awk '{{ printf "%d", $1 * 100 }}' /proc/uptime; }}
 v step before hp "$(hp)" drv "$(drv)"
 t0=$(up); {run} -o /tmp/cal > /dev/null 2> /out/cal.txt; rc=$?; T=$(( ($(up) - t0) * 10 ))
 v step calibrate rc $rc ms $T
