@@ -258,6 +258,12 @@ pub const CONTEXT_RULES: &[(Category, &str, Category)] = &[
     (Category::Pinning, "faultin_page_range", Category::Faulting),
     // iommufd's pfn batches serve the unmap walk too.
     (Category::Pinning, "batch_from_domain", Category::IommuLookup),
+    // Allocating and clearing the IOMMU's own page-table pages is programming the IOMMU, not
+    // faulting the buffer in.
+    (Category::Zeroing, "iommu_alloc_pages_node_sz", Category::IommuMap),
+    (Category::Faulting, "iommu_alloc_pages_node_sz", Category::IommuMap),
+    (Category::Zeroing, "iommu_alloc_pages_node", Category::IommuMap),
+    (Category::Faulting, "iommu_alloc_pages_node", Category::IommuMap),
 ];
 
 /// The category of exact time a probe row measured, in its phase: rows know their function
@@ -364,6 +370,27 @@ impl CategoryCounts {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn iommu_page_table_pages_are_iommu_programming() {
+        // A stack from the custom kernel's populated type1 map: the IOMMU allocates and clears
+        // a page-table page inside iommu_map.
+        let leaf_first = [
+            "clear_highpages_kasan_tagged",
+            "get_page_from_freelist",
+            "__alloc_frozen_pages_noprof",
+            "__folio_alloc_noprof",
+            "iommu_alloc_pages_node_sz",
+            "__map_range",
+            "do_map",
+            "vtdss_map_range",
+            "iommu_map_nosync",
+            "iommu_map",
+            "vfio_iommu_type1_ioctl [vfio_iommu_type1]",
+        ];
+        assert_eq!(classify(leaf_first), Category::IommuMap);
+        assert_eq!(classify(["clear_page_erms", "handle_mm_fault"]), Category::Zeroing);
+    }
 
     #[test]
     fn leafmost_known_frame_wins() {
