@@ -236,7 +236,7 @@ impl Demotion {
 /// stacks no attached row is on. They split the exclusive time the demoted rows' time is in.
 type Owners = BTreeMap<Phase, BTreeMap<Option<usize>, CategoryCounts>>;
 
-fn owners(input: &CaseInput) -> Owners {
+fn owners(input: &CaseInput, stacks: &[Stack]) -> Owners {
     let mut out = Owners::new();
     let demoted = input.demotion;
     if demoted.demoted.is_empty() {
@@ -247,13 +247,8 @@ fn owners(input: &CaseInput) -> Owners {
         let f = base_function(frame);
         PROBE_TABLE.iter().position(|r| r.function == f)
     };
-    for s in input.drained.samples.iter().filter(|s| !s.kernel.is_empty()) {
-        let Some(phase) = phase_of_slot(s.slot) else { continue };
-        let names: Vec<String> = s
-            .kernel
-            .iter()
-            .map(|ip| input.symbols.map_or_else(|| format!("0x{ip:x}"), |sy| sy.resolve(*ip)))
-            .collect();
+    for s in stacks.iter().filter(|s| !s.names.is_empty()) {
+        let (phase, names) = (s.phase, &s.names);
         let owner_at = names
             .iter()
             .position(|n| row_of(n).is_some_and(|r| !demoted.has(r) && input.rows.iter().any(|(a, _)| *a == r)));
@@ -335,28 +330,44 @@ pub struct CaseOutput {
 }
 
 /// Sampled category counts and folded stacks per phase.
-fn sampled_by_phase(
-    samples: &[RawSample],
-    symbols: Option<&KernelSymbols>,
-) -> BTreeMap<Phase, (CategoryCounts, Folded)> {
+fn sampled_by_phase(stacks: &[Stack]) -> BTreeMap<Phase, (CategoryCounts, Folded)> {
     let mut by_phase: BTreeMap<Phase, (CategoryCounts, Folded)> = BTreeMap::new();
-    for s in samples {
-        let Some(phase) = phase_of_slot(s.slot) else { continue };
-        let names: Vec<String> = s
-            .kernel
-            .iter()
-            .map(|ip| symbols.map_or_else(|| format!("0x{ip:x}"), |sy| sy.resolve(*ip)))
-            .collect();
-        let (cats, folded) = by_phase.entry(phase).or_default();
-        cats.add(classify(names.iter().map(String::as_str)), s.count);
-        let mut frames = vec![phase.name().to_owned()];
-        if names.is_empty() {
+    for s in stacks {
+        let (cats, folded) = by_phase.entry(s.phase).or_default();
+        cats.add(classify(s.names.iter().map(String::as_str)), s.count);
+        let mut frames = vec![s.phase.name().to_owned()];
+        if s.names.is_empty() {
             frames.push("[user]".into());
         }
-        frames.extend(names.into_iter().rev());
+        frames.extend(s.names.iter().rev().cloned());
         folded.add(frames, s.count);
     }
     by_phase
+}
+
+/// One sampled stack with its frames named (leaf first) and the phase it was taken in.
+struct Stack {
+    phase: Phase,
+    names: Vec<String>,
+    count: u64,
+}
+
+/// The samples' stacks, each resolved once for everything that reads them.
+fn resolve_stacks(samples: &[RawSample], symbols: Option<&KernelSymbols>) -> Vec<Stack> {
+    samples
+        .iter()
+        .filter_map(|s| {
+            Some(Stack {
+                phase: phase_of_slot(s.slot)?,
+                names: s
+                    .kernel
+                    .iter()
+                    .map(|ip| symbols.map_or_else(|| format!("0x{ip:x}"), |sy| sy.resolve(*ip)))
+                    .collect(),
+                count: s.count,
+            })
+        })
+        .collect()
 }
 
 /// The exact breakdown of `phase` for its median iteration: categories + probe overhead +
@@ -769,8 +780,9 @@ pub fn summary_folded(phases: &[PhaseReport]) -> Folded {
 
 /// Builds a case's report from what was measured and recorded.
 pub fn case_report(input: &CaseInput) -> CaseOutput {
-    let mut sampled = sampled_by_phase(&input.drained.samples, input.symbols);
-    let owners = owners(input);
+    let stacks = resolve_stacks(&input.drained.samples, input.symbols);
+    let mut sampled = sampled_by_phase(&stacks);
+    let owners = owners(input, &stacks);
     let mut phases = Vec::new();
     let mut folded = Vec::new();
     for &phase in PHASES {

@@ -5,7 +5,7 @@ use std::{collections::BTreeMap, fmt::Write as _};
 
 use crate::{
     category::CATEGORIES,
-    phase::Phase,
+    phase::{PHASES, Phase},
     report::{CaseReport, Fit, Shape, Sweep, SweepPhase},
     size::HumanSize,
 };
@@ -20,16 +20,6 @@ const LINEAR_R2: f64 = 0.95;
 const CONSTANT_RISE: f64 = 0.1;
 /// A cost is super-linear when its last interval costs this much more per GiB than its first.
 const SUPER_LINEAR: f64 = 1.3;
-
-/// The phases a sweep fits: those whose cost can depend on the size.
-const SWEPT: &[Phase] = &[
-    Phase::Mmap,
-    Phase::Touch,
-    Phase::Map,
-    Phase::Unmap,
-    Phase::Munmap,
-    Phase::Close,
-];
 
 /// The case a name belongs to, without its `@size`.
 pub fn base_name(name: &str) -> &str {
@@ -49,7 +39,12 @@ pub fn fit_all(cases: &[CaseReport]) -> Vec<Sweep> {
             runs.dedup_by_key(|c| c.size_bytes);
             (runs.len() >= 2).then(|| Sweep {
                 case: name.to_owned(),
-                phases: SWEPT.iter().filter_map(|p| fit_phase(*p, &runs)).collect(),
+                // Every phase whose cost can depend on the size: all but memfd_create.
+                phases: PHASES
+                    .iter()
+                    .filter(|p| **p != Phase::MemfdCreate)
+                    .filter_map(|p| fit_phase(*p, &runs))
+                    .collect(),
                 plot: Some(format!("{name}/sweep.svg")),
             })
         })

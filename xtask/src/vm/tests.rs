@@ -888,17 +888,7 @@ fn attribution(c: &Ctx) -> Outcome {
             // Exact vs sampled, map phase, where there are enough samples.
             let samples = ns(&none["sampled"]["samples"]);
             if samples >= 1000.0 {
-                let worst = [
-                    "zeroing",
-                    "faulting",
-                    "pinning",
-                    "iommu_map",
-                    "iommu_flush",
-                    "accounting",
-                ]
-                .iter()
-                .map(|c| ((share(&none, &[c]) - ns(&none["sampled"]["categories"][*c])) * 100.0).abs())
-                .fold(0.0, f64::max);
+                let worst = exact_vs_sampled_pp(&none);
                 notes.push(format!("exact vs sampled within {worst:.1} pp at {samples} samples"));
                 if worst > 15.0 {
                     problems.push(format!(
@@ -1245,6 +1235,18 @@ fn size_sweep(c: &Ctx) -> Outcome {
     }
 }
 
+/// The largest gap, in percentage points, between a phase's exact share (of its wall time
+/// less probe cost) and its sampled share, over the categories both measure.
+fn exact_vs_sampled_pp(p: &Value) -> f64 {
+    let e = &p["exact"];
+    let wall = (ns(&e["wall_ns"]) - ns(&e["probe_overhead_ns"])).max(1.0);
+    // The map's per-page categories (the last two of the list are the unmap's).
+    PER_PAGE[..6]
+        .iter()
+        .map(|k| (ns(&e["categories"][*k]) / wall - ns(&p["sampled"]["categories"][*k])).abs() * 100.0)
+        .fold(0.0, f64::max)
+}
+
 /// Compat type1 maps a 2 MiB hugetlb buffer 4 KiB at a time (65536 `iommu_map` calls for 256
 /// MiB): the scout demotes those rows, the demoted row keeps the scout's count, its time is
 /// split by samples, and exact and sampled then agree within 10 points per category.
@@ -1273,19 +1275,8 @@ fn demotion_check(r: &Value) -> Result<String, String> {
     if ns(&e["split_ns"]) <= 0.0 {
         return Err(format!("{name}: nothing of the map was split by samples"));
     }
-    let wall = (ns(&e["wall_ns"]) - ns(&e["probe_overhead_ns"])).max(1.0);
     let samples = ns(&map["sampled"]["samples"]);
-    let worst = [
-        "zeroing",
-        "faulting",
-        "pinning",
-        "iommu_map",
-        "iommu_flush",
-        "accounting",
-    ]
-    .iter()
-    .map(|k| (ns(&e["categories"][*k]) / wall - ns(&map["sampled"]["categories"][*k])).abs() * 100.0)
-    .fold(0.0, f64::max);
+    let worst = exact_vs_sampled_pp(map);
     let note = format!("{name} map: demoted {demoted:?}, exact vs sampled within {worst:.1} pp at {samples} samples");
     if samples >= 1000.0 && worst > 10.0 {
         return Err(format!("exact and sampled disagree: {note}"));
