@@ -220,6 +220,10 @@ pub struct RunArgs {
     /// Testing: entries of the sampled-stack map (a tiny map forces lost samples).
     #[arg(long, hide = true)]
     pub sample_map_entries: Option<u32>,
+    /// Testing: arm the kernel's fault injection (`/proc/thread-self/make-it-fail`) for the
+    /// workload thread during each map ioctl; what fails is set in /sys/kernel/debug/fail*.
+    #[arg(long, hide = true)]
+    pub fail_map_allocs: bool,
 }
 
 impl RunArgs {
@@ -248,6 +252,7 @@ impl RunArgs {
             device: self.device.clone(),
             bind: self.bind,
             sample_map_entries: self.sample_map_entries,
+            fail_map_allocs: self.fail_map_allocs,
             mechanisms: self.mechanisms.clone(),
             thp: self.thp,
             started,

@@ -29,6 +29,7 @@ const VFIO_SET_IOMMU: libc::c_ulong = io(VFIO_BASE + 2);
 const VFIO_GROUP_GET_STATUS: libc::c_ulong = io(VFIO_BASE + 3);
 const VFIO_GROUP_SET_CONTAINER: libc::c_ulong = io(VFIO_BASE + 4);
 const VFIO_GROUP_GET_DEVICE_FD: libc::c_ulong = io(VFIO_BASE + 6);
+const VFIO_DEVICE_SET_IRQS: libc::c_ulong = io(VFIO_BASE + 10);
 const VFIO_IOMMU_GET_INFO: libc::c_ulong = io(VFIO_BASE + 12);
 /// `VFIO_IOMMU_MAP_DMA` (0x3b71).
 pub const VFIO_IOMMU_MAP_DMA: libc::c_ulong = io(VFIO_BASE + 13);
@@ -46,20 +47,45 @@ pub const VFIO_TYPE1V2_IOMMU: u32 = vfio::VFIO_TYPE1v2_IOMMU;
 /// `IOMMU_IOAS_MAP_FILE` (6.13+).
 pub const IOMMU_IOAS_MAP_FILE: libc::c_ulong = io(iofd::IOMMUFD_CMD_IOAS_MAP_FILE);
 
-/// A failed DMA step, with the errno and what it usually means.
+/// A failed DMA step, with the errno and what it means here.
 #[derive(Debug, thiserror::Error)]
-#[error("{step}: {source}{}", hint(.source))]
+#[error("{step}: {source}{}{}", detail.as_ref().map_or(hint(.source).to_owned(), |d| format!(" ({d})")), left_note(*.left_mapped))]
 pub struct DmaError {
     /// What was being done.
     pub step: String,
     /// The OS error.
     #[source]
     pub source: io::Error,
+    /// What the errno means in this very case (e.g. the memlock limit that was hit), in place
+    /// of the errno's usual meaning.
+    pub detail: Option<String>,
+    /// After a failed map: how many bytes of the range the kernel had left mapped (0 when it
+    /// cleaned up as it should; dmaprof unmaps whatever it finds).
+    pub left_mapped: Option<u64>,
+}
+
+impl DmaError {
+    fn new(step: impl Into<String>, source: io::Error) -> Self {
+        Self {
+            step: step.into(),
+            source,
+            detail: None,
+            left_mapped: None,
+        }
+    }
+}
+
+fn left_note(left: Option<u64>) -> String {
+    match left {
+        Some(n) if n > 0 => format!("; the kernel left {n} bytes of the range mapped (unmapped them)"),
+        _ => String::new(),
+    }
 }
 
 fn hint(e: &io::Error) -> &'static str {
     match e.raw_os_error() {
-        Some(libc::ENOMEM) => " (ENOMEM: locked-memory limit or no memory; dmaprof needs CAP_IPC_LOCK)",
+        Some(libc::ENOMEM) => " (ENOMEM: out of memory, or over RLIMIT_MEMLOCK without CAP_IPC_LOCK)",
+        Some(libc::ENODEV) => " (ENODEV: the device is gone or going)",
         Some(libc::EBUSY) => " (EBUSY: the group or device is in use by another process)",
         Some(libc::EEXIST) => " (EEXIST: the IOVA range is already mapped)",
         Some(libc::EINVAL) => " (EINVAL: the kernel rejected the arguments: alignment, IOVA range or flags)",
@@ -70,17 +96,11 @@ fn hint(e: &io::Error) -> &'static str {
 }
 
 fn err(step: impl Into<String>) -> DmaError {
-    DmaError {
-        step: step.into(),
-        source: io::Error::last_os_error(),
-    }
+    DmaError::new(step, io::Error::last_os_error())
 }
 
 fn open_rw(path: &Path) -> Result<File, DmaError> {
-    crate::sys::open_rw(path).map_err(|source| DmaError {
-        step: format!("open {}", path.display()),
-        source,
-    })
+    crate::sys::open_rw(path).map_err(|source| DmaError::new(format!("open {}", path.display()), source))
 }
 
 /// ioctl with a pointer argument; `Ok(ret)` when it returns >= 0.
@@ -142,6 +162,80 @@ enum Backend {
     Iommufd { iommufd: File, _device: File, ioas: u32 },
 }
 
+impl Backend {
+    fn device(&self) -> &File {
+        match self {
+            Backend::Container { _device, .. } | Backend::Iommufd { _device, .. } => _device,
+        }
+    }
+}
+
+/// VFIO_DEVICE_SET_IRQS with one eventfd: the header and the fd as the kernel reads them.
+#[repr(C)]
+struct IrqSetOne {
+    set: vfio::vfio_irq_set,
+    fd: i32,
+}
+
+/// An eventfd the kernel signals when it asks for `device` back (vfio-pci's request
+/// interrupt); None where the kernel does not offer it.
+fn removal_eventfd(device: &File) -> Option<File> {
+    // SAFETY: eventfd takes no pointers; a negative result is handled below.
+    let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    if efd < 0 {
+        return None;
+    }
+    // SAFETY: efd is a fresh fd; File takes sole ownership.
+    let efd = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(efd) };
+    let mut irq = IrqSetOne {
+        set: vfio::vfio_irq_set {
+            argsz: size_of::<IrqSetOne>() as u32,
+            flags: vfio::VFIO_IRQ_SET_DATA_EVENTFD | vfio::VFIO_IRQ_SET_ACTION_TRIGGER,
+            index: vfio::VFIO_PCI_REQ_IRQ_INDEX,
+            start: 0,
+            count: 1,
+            data: Default::default(),
+        },
+        fd: efd.as_raw_fd(),
+    };
+    ioctl_ptr(
+        device.as_raw_fd(),
+        VFIO_DEVICE_SET_IRQS,
+        &mut irq,
+        "VFIO_DEVICE_SET_IRQS",
+    )
+    .ok()?;
+    Some(efd)
+}
+
+/// Where the kernel's fault injection is armed for the calling thread.
+const MAKE_IT_FAIL: &str = "/proc/thread-self/make-it-fail";
+
+/// The calling thread armed for the kernel's fault injection while this lives. The file is
+/// opened before arming: with failslab armed, opening it (a `struct file` from the slab) would
+/// fail, and the thread would stay armed.
+struct Armed<'a>(&'a File);
+
+impl<'a> Armed<'a> {
+    fn arm(knob: &'a File) -> Result<Self, DmaError> {
+        set_make_it_fail(knob, b"1")?;
+        Ok(Self(knob))
+    }
+}
+
+impl Drop for Armed<'_> {
+    fn drop(&mut self) {
+        let _ = set_make_it_fail(self.0, b"0");
+    }
+}
+
+fn set_make_it_fail(knob: &File, value: &[u8]) -> Result<(), DmaError> {
+    use std::os::unix::fs::FileExt as _;
+    knob.write_at(value, 0)
+        .map(drop)
+        .map_err(|e| DmaError::new(format!("writing {MAKE_IT_FAIL}"), e))
+}
+
 /// One mode's DMA-mapping context for one case: set up (not timed), then map/unmap per iteration.
 pub struct DmaContext {
     backend: Backend,
@@ -151,6 +245,13 @@ pub struct DmaContext {
     size: ByteSize,
     mapped: Option<u64>,
     use_map_file: bool,
+    /// The device's PCI address, for messages.
+    bdf: String,
+    /// The eventfd the kernel signals when it wants the device back (an unbind or a removal
+    /// waits until every fd of the device is closed); None where the kernel refused it.
+    removal: Option<File>,
+    /// This thread's fault-injection switch, flipped on for each map ioctl when set.
+    inject: Option<File>,
 }
 
 /// A DMA map or unmap ioctl, as `record` recognises it in another process: its request number
@@ -272,22 +373,86 @@ impl DmaContext {
             | DmaMode::IommufdCompatType1
             | DmaMode::IommufdCompatType1v2 => open_container(mode, device)?,
         };
-        let iova = choose_iova(&ranges, size.bytes(), align).ok_or_else(|| DmaError {
-            step: format!("choosing an IOVA for {size} bytes in {ranges:x?}"),
-            source: io::Error::from_raw_os_error(libc::ENOSPC),
+        let iova = choose_iova(&ranges, size.bytes(), align).ok_or_else(|| {
+            DmaError::new(
+                format!("choosing an IOVA for {size} bytes in {ranges:x?}"),
+                io::Error::from_raw_os_error(libc::ENOSPC),
+            )
         })?;
+        let removal = removal_eventfd(backend.device());
         Ok(Self {
             backend,
             iova,
             size,
             mapped: None,
             use_map_file: mode == DmaMode::Iommufd && memfd,
+            bdf: device.bdf.clone(),
+            removal,
+            inject: None,
         })
+    }
+
+    /// From now on each map ioctl runs with this thread armed for the kernel's fault injection
+    /// (what fails, and how often, is set in /sys/kernel/debug/fail*): a test of the failure
+    /// paths, the kernel's and dmaprof's.
+    pub fn inject_faults(&mut self) -> Result<(), DmaError> {
+        let knob = std::fs::OpenOptions::new()
+            .write(true)
+            .open(MAKE_IT_FAIL)
+            .map_err(|e| DmaError::new(format!("opening {MAKE_IT_FAIL} (needs CONFIG_FAULT_INJECTION)"), e))?;
+        self.inject = Some(knob);
+        Ok(())
+    }
+
+    /// The device's PCI address.
+    pub fn bdf(&self) -> &str {
+        &self.bdf
+    }
+
+    /// True once the kernel has asked for the device back: it is being unbound from vfio-pci
+    /// or removed, and waits until this context's fds are closed.
+    pub fn removal_requested(&self) -> bool {
+        let Some(efd) = &self.removal else { return false };
+        let mut count = [0u8; 8];
+        // SAFETY: reads 8 bytes into a local buffer from our non-blocking eventfd.
+        unsafe { libc::read(efd.as_raw_fd(), count.as_mut_ptr().cast(), count.len()) == 8 }
     }
 
     /// Maps the context's size at `addr` (or of `memfd` from offset 0, for MAP_FILE) at
     /// [`Self::iova`].
     pub fn map(&mut self, addr: u64, memfd: Option<RawFd>) -> Result<(), DmaError> {
+        let knob = self.inject.take();
+        let armed = knob.as_ref().map(Armed::arm).transpose()?;
+        let r = self.map_once(addr, memfd);
+        drop(armed);
+        self.inject = knob;
+        r.map_err(|mut e| {
+            if e.source.raw_os_error() == Some(libc::ENOMEM) {
+                e.detail = match self.inject.is_some() {
+                    true => {
+                        Some("ENOMEM: the kernel's fault injection, armed for this map, failed an allocation".into())
+                    }
+                    false => crate::privileges::memlock_shortfall(self.size.bytes()),
+                };
+            }
+            e.left_mapped = self.clear_range();
+            e
+        })
+    }
+
+    /// After a failed map the kernel must have undone what it had mapped: unmaps the whole
+    /// range and returns how many bytes it found still mapped (None if it could not tell).
+    fn clear_range(&mut self) -> Option<u64> {
+        self.mapped = None;
+        match self.unmap_range(self.size.bytes()) {
+            Ok(n) => Some(n),
+            // iommufd says ENOENT for a range with nothing mapped; type1 answers a size of 0.
+            Err(e) if e.source.raw_os_error() == Some(libc::ENOENT) => Some(0),
+            Err(_) => None,
+        }
+    }
+
+    fn map_once(&mut self, addr: u64, memfd: Option<RawFd>) -> Result<(), DmaError> {
         let len = self.size.bytes();
         match &self.backend {
             Backend::Container { container, .. } => {
@@ -339,7 +504,19 @@ impl DmaContext {
     /// Unmaps what [`Self::map`] mapped; fails unless the kernel unmapped all of it.
     pub fn unmap(&mut self) -> Result<u64, DmaError> {
         let Some(len) = self.mapped.take() else { return Ok(0) };
-        let unmapped = match &self.backend {
+        let unmapped = self.unmap_range(len)?;
+        if unmapped != len {
+            return Err(DmaError::new(
+                format!("unmap returned {unmapped} bytes of {len}"),
+                io::Error::from_raw_os_error(libc::EIO),
+            ));
+        }
+        Ok(unmapped)
+    }
+
+    /// Unmaps `len` bytes at the IOVA; returns how many bytes the kernel unmapped.
+    fn unmap_range(&self, len: u64) -> Result<u64, DmaError> {
+        Ok(match &self.backend {
             Backend::Container { container, .. } => {
                 let mut u = vfio::vfio_iommu_type1_dma_unmap {
                     argsz: size_of::<vfio::vfio_iommu_type1_dma_unmap>() as u32,
@@ -366,14 +543,7 @@ impl DmaContext {
                 ioctl_ptr(iommufd.as_raw_fd(), IOMMU_IOAS_UNMAP, &mut u, "IOMMU_IOAS_UNMAP")?;
                 u.length
             }
-        };
-        if unmapped != len {
-            return Err(DmaError {
-                step: format!("unmap returned {unmapped} bytes of {len}"),
-                source: io::Error::from_raw_os_error(libc::EIO),
-            });
-        }
-        Ok(unmapped)
+        })
     }
 }
 
@@ -396,16 +566,16 @@ fn open_container(mode: DmaMode, device: &Device) -> Result<(Backend, Vec<IovaRa
     let cfd = container.as_raw_fd();
     let version = ioctl_val(cfd, VFIO_GET_API_VERSION, 0, "VFIO_GET_API_VERSION")?;
     if version != vfio::VFIO_API_VERSION as i32 {
-        return Err(DmaError {
-            step: format!("{path} speaks VFIO API {version}, not {}", vfio::VFIO_API_VERSION),
-            source: io::Error::from_raw_os_error(libc::EINVAL),
-        });
+        return Err(DmaError::new(
+            format!("{path} speaks VFIO API {version}, not {}", vfio::VFIO_API_VERSION),
+            io::Error::from_raw_os_error(libc::EINVAL),
+        ));
     }
     if ioctl_val(cfd, VFIO_CHECK_EXTENSION, iommu_type.into(), "VFIO_CHECK_EXTENSION")? != 1 {
-        return Err(DmaError {
-            step: format!("{path} does not support IOMMU type {iommu_type}"),
-            source: io::Error::from_raw_os_error(libc::ENOTSUP),
-        });
+        return Err(DmaError::new(
+            format!("{path} does not support IOMMU type {iommu_type}"),
+            io::Error::from_raw_os_error(libc::ENOTSUP),
+        ));
     }
     let group = open_rw(&Path::new("/dev/vfio").join(&device.group))?;
     let mut status = vfio::vfio_group_status {
@@ -419,13 +589,13 @@ fn open_container(mode: DmaMode, device: &Device) -> Result<(Backend, Vec<IovaRa
         "VFIO_GROUP_GET_STATUS",
     )?;
     if status.flags & vfio::VFIO_GROUP_FLAGS_VIABLE == 0 {
-        return Err(DmaError {
-            step: format!(
+        return Err(DmaError::new(
+            format!(
                 "IOMMU group {} is not viable (bind every device in it to vfio-pci)",
                 device.group
             ),
-            source: io::Error::from_raw_os_error(libc::EPERM),
-        });
+            io::Error::from_raw_os_error(libc::EPERM),
+        ));
     }
     let mut fd = cfd;
     ioctl_ptr(
@@ -509,9 +679,11 @@ fn type1_iova_ranges(cfd: RawFd) -> Result<Vec<IovaRange>, DmaError> {
 }
 
 fn open_iommufd(device: &Device) -> Result<(Backend, Vec<IovaRange>), DmaError> {
-    let cdev = device.cdev.as_ref().ok_or_else(|| DmaError {
-        step: format!("device {} has no VFIO cdev", device.bdf),
-        source: io::Error::from_raw_os_error(libc::ENODEV),
+    let cdev = device.cdev.as_ref().ok_or_else(|| {
+        DmaError::new(
+            format!("device {} has no VFIO cdev", device.bdf),
+            io::Error::from_raw_os_error(libc::ENODEV),
+        )
     })?;
     let iommufd = open_rw(Path::new("/dev/iommu"))?;
     let dev = open_rw(cdev)?;

@@ -28,6 +28,7 @@ pub mod export;
 pub mod facts;
 pub mod flamegraph;
 pub mod floors;
+pub mod held;
 pub mod html;
 pub mod hugepages;
 pub mod kernel;

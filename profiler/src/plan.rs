@@ -38,6 +38,8 @@ pub struct RunOptions {
     pub bind: bool,
     /// Testing: entries of the sampled-stack map (small values force lost samples).
     pub sample_map_entries: Option<u32>,
+    /// Testing: arm the kernel's fault injection around each map ioctl.
+    pub fail_map_allocs: bool,
     /// When the process started (for the start-up time in the report).
     pub started: Instant,
     /// Which probe mechanisms to attach.
@@ -176,6 +178,7 @@ mod tests {
             device: device.map(Into::into),
             bind: false,
             sample_map_entries: None,
+            fail_map_allocs: false,
             started: Instant::now(),
             mechanisms: Vec::new(),
             thp: Thp::System,

@@ -52,15 +52,40 @@ pub fn names(caps: &[LinuxCap]) -> String {
 }
 
 /// The one-line reason an unprivileged `dmaprof run` refuses, or None when it may run.
+/// CAP_IPC_LOCK alone does not refuse: without it the maps are held to RLIMIT_MEMLOCK, and a
+/// map over the limit fails saying so (see [`memlock_shortfall`]).
 pub fn refusal() -> Option<String> {
     let missing = missing();
-    (!missing.is_empty()).then(|| {
+    missing.iter().any(|c| *c != LinuxCap::IpcLock).then(|| {
         format!(
             "dmaprof run needs {} (missing {}): run it as root",
             names(&NEEDED),
             names(&missing)
         )
     })
+}
+
+/// Why a map of `bytes` failed with ENOMEM when this process pins under RLIMIT_MEMLOCK (it
+/// lacks CAP_IPC_LOCK and the limit is finite): the limit, its value and the fix. None when
+/// the limit does not apply, so the ENOMEM came from the allocator.
+pub fn memlock_shortfall(bytes: u64) -> Option<String> {
+    if !missing().contains(&LinuxCap::IpcLock) {
+        return None;
+    }
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we pass.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) } != 0 || limit.rlim_cur == libc::RLIM_INFINITY {
+        return None;
+    }
+    Some(format!(
+        "ENOMEM: RLIMIT_MEMLOCK is {} KiB and this process lacks CAP_IPC_LOCK, while the map pins {} KiB: \
+         raise the limit (`ulimit -l unlimited`, or LimitMEMLOCK=infinity for a systemd service) or run with CAP_IPC_LOCK",
+        limit.rlim_cur / 1024,
+        bytes / 1024
+    ))
 }
 
 /// The `privileges` capability for doctor.

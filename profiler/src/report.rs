@@ -38,6 +38,9 @@ pub struct Report {
     /// Cases that ran and failed, with the error.
     #[serde(default)]
     pub failed: Vec<Failed>,
+    /// Locked or pinned memory a case left behind (empty when every case cleaned up).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub leaks: Vec<Leak>,
     /// Which probes attached (per run; the same for every case).
     #[serde(default)]
     pub probes: Vec<ProbeStatus>,
@@ -540,6 +543,25 @@ pub struct Failed {
     pub name: String,
     /// The error, with errno and meaning.
     pub error: String,
+    /// After a failed map: bytes the kernel still had mapped in the range (0 when it cleaned
+    /// up after itself; dmaprof unmaps what it finds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub left_mapped_bytes: Option<u64>,
+}
+
+/// Memory a case left held after it ended: its DMA context closed, so everything it locked
+/// or pinned should be back.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Leak {
+    /// Case name.
+    pub case: String,
+    /// The counter: `VmLck` or `VmPin` (this process, KiB), or `foll_pins` (the system's
+    /// FOLL_PIN pages acquired less released, /proc/vmstat).
+    pub counter: String,
+    /// Before the case.
+    pub before: i64,
+    /// After it.
+    pub after: i64,
 }
 
 /// A case that did not run.

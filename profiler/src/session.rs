@@ -1,7 +1,7 @@
 //! A `dmaprof run` session: [`Session::prepare`] (output directory, privileges, plan, the
 //! single-instance lock, the device) and [`Session::execute`] (untraced reference, probes, each
 //! case's iterations, attribution, files), on the thread the probes watch.
-use std::{path::Path, time::Instant};
+use std::{cell::RefCell, path::Path, time::Instant};
 
 use crate::{
     attribution::{self, CaseInput, Coverage, Demotion, PassRuns},
@@ -9,6 +9,7 @@ use crate::{
     device::{Device, DeviceError},
     dma::DmaContext,
     doctor::{self, Doctor},
+    held::Held,
     hugepages::Reservation,
     kernel,
     loader::{self, AttachError, Drained, Probes, Request},
@@ -63,6 +64,8 @@ pub struct Session {
     device: Option<Device>,
     plan: Plan,
     doctor: Doctor,
+    /// Set once the kernel asked for the device back: the DMA cases after that are skipped.
+    device_gone: RefCell<Option<String>>,
 }
 
 /// Where the single-instance lock lives.
@@ -86,6 +89,11 @@ impl Session {
         }
         if let Some(why) = privileges::refusal() {
             return Err(RunError::Usage(why));
+        }
+        if opts.fail_map_allocs && !Path::new("/proc/thread-self/make-it-fail").exists() {
+            return Err(RunError::Usage(
+                "--fail-map-allocs needs a kernel with CONFIG_FAULT_INJECTION (/proc/thread-self/make-it-fail)".into(),
+            ));
         }
         output::claim(&opts.out).map_err(|e| RunError::Usage(e.to_string()))?;
         let out = OutDir::create(opts.out.clone()).map_err(|e| {
@@ -112,6 +120,7 @@ impl Session {
             device,
             plan,
             doctor,
+            device_gone: RefCell::new(None),
         })
     }
 
@@ -212,6 +221,7 @@ impl Session {
             cases: Vec::new(),
             skipped: self.plan.skipped.clone(),
             failed: Vec::new(),
+            leaks: Vec::new(),
             probes: Vec::new(),
             partial: false,
             timing: Timing::default(),
@@ -252,11 +262,16 @@ impl Session {
         let mut probes = tracing.probes.as_deref_mut();
         let name = self.label(case, size);
         let cost = report.probe_cost.clone();
+        let held = case.mode.map(|_| Held::now());
+        let result = self.run_case(case, size, probes.as_deref_mut(), cost.as_ref(), control);
+        if let Some(before) = held {
+            report.leaks.extend(leaks_of(&before, &name));
+        }
         let CaseRuns {
             runs,
             failure,
             demotion,
-        } = match self.run_case(case, size, probes.as_deref_mut(), cost.as_ref(), control) {
+        } = match result {
             Ok(r) => r,
             Err(CaseError::Skip(reason)) => {
                 eprintln!("dmaprof: skipping {name}: {reason}");
@@ -265,7 +280,11 @@ impl Session {
             }
             Err(CaseError::Fail(error)) => {
                 eprintln!("dmaprof: {name} failed: {error}");
-                report.failed.push(Failed { name, error });
+                report.failed.push(Failed {
+                    name,
+                    error,
+                    left_mapped_bytes: None,
+                });
                 return Ok(false);
             }
             Err(CaseError::Probes(e)) => return Err(e.into()),
@@ -300,16 +319,29 @@ impl Session {
         }
         match failure {
             Some(WorkloadError::Interrupted) => return Ok(true),
-            Some(e) => {
-                eprintln!("dmaprof: {name} failed: {e}");
-                report.failed.push(Failed {
-                    name,
-                    error: e.to_string(),
-                });
-            }
+            Some(e) => report.failed.push(self.failed(name, &e)),
             None => {}
         }
         Ok(false)
+    }
+
+    /// A case that failed mid-run; a device that went away is remembered for the cases after.
+    fn failed(&self, name: String, e: &WorkloadError) -> Failed {
+        eprintln!("dmaprof: {name} failed: {e}");
+        if let WorkloadError::DeviceRemoved { bdf } = e {
+            *self.device_gone.borrow_mut() = Some(format!(
+                "device {bdf} went away during the run: the kernel asked for it back while {name} used it"
+            ));
+        }
+        let left_mapped_bytes = match e {
+            WorkloadError::Dma(d) => d.left_mapped,
+            _ => None,
+        };
+        Failed {
+            name,
+            error: e.to_string(),
+            left_mapped_bytes,
+        }
     }
 
     /// Reserves what `case` needs, sets up its DMA context, runs one discarded warm-up
@@ -478,11 +510,36 @@ impl Session {
         let Some(dev) = self.device.as_ref() else {
             return Err(CaseError::Skip("needs a VFIO device".into()));
         };
+        if let Some(why) = self.device_gone.borrow().as_ref() {
+            return Err(CaseError::Skip(why.clone()));
+        }
+        let driver = crate::device::driver_of(&dev.bdf);
+        if driver.as_deref() != Some("vfio-pci") {
+            let now = driver.map_or("no driver".to_owned(), |d| format!("driver {d}"));
+            return Err(CaseError::Skip(format!(
+                "device {} is no longer bound to vfio-pci ({now}): it was unbound or removed during the run",
+                dev.bdf
+            )));
+        }
         let (memfd, page) = (case.backing.memfd(), case.backing.page_size());
-        DmaContext::open(mode, dev, memfd, size, page)
-            .map(Some)
-            .map_err(|e| CaseError::Fail(e.to_string()))
+        let mut ctx = DmaContext::open(mode, dev, memfd, size, page).map_err(|e| CaseError::Fail(e.to_string()))?;
+        if self.opts.fail_map_allocs {
+            ctx.inject_faults().map_err(|e| CaseError::Fail(e.to_string()))?;
+        }
+        Ok(Some(ctx))
     }
+}
+
+/// What grew in the locked/pinned counters since `before`, each said on stderr.
+fn leaks_of(before: &Held, name: &str) -> Vec<report::Leak> {
+    let leaks = before.leaks(&Held::now(), name);
+    for l in &leaks {
+        eprintln!(
+            "dmaprof: {name} left {} at {} (was {} before the case): the kernel did not give it all back",
+            l.counter, l.after, l.before
+        );
+    }
+    leaks
 }
 
 /// The probes of a traced run and what they measure.
@@ -594,7 +651,7 @@ impl Outcome {
                 count: report.skipped.len(),
                 first_reason: first.reason.clone(),
             },
-            _ if report.failed.is_empty() => Self::Passed,
+            _ if report.failed.is_empty() && report.leaks.is_empty() => Self::Passed,
             _ => Self::Failed,
         }
     }
@@ -661,6 +718,7 @@ mod tests {
         r.failed.push(Failed {
             name: "y".into(),
             error: "EFAULT".into(),
+            left_mapped_bytes: None,
         });
         assert_eq!(Outcome::of(&r, 0).exit_code(), 1);
         r.failed.clear();

@@ -347,6 +347,15 @@ fn footer(report: &Report) -> String {
             let _ = writeln!(out, "  {:<40} {}", f.name, f.error);
         }
     }
+    if !report.leaks.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nLEFT HELD after the case ended (the kernel did not give it back):"
+        );
+        for l in &report.leaks {
+            let _ = writeln!(out, "  {:<40} {} {} -> {}", l.case, l.counter, l.before, l.after);
+        }
+    }
     out + &probes_footer(report)
 }
 

@@ -50,6 +50,14 @@ pub enum WorkloadError {
     /// Ctrl-C or another stop signal arrived.
     #[error("interrupted")]
     Interrupted,
+    /// The kernel asked for the DMA device back (it is being unbound or removed).
+    #[error(
+        "device {bdf} is going away: the kernel asked for it back (unbound from vfio-pci or removed) while this case used it"
+    )]
+    DeviceRemoved {
+        /// Its PCI address.
+        bdf: String,
+    },
 }
 
 fn last_error(call: &'static str) -> WorkloadError {
@@ -226,7 +234,9 @@ impl Iteration<'_> {
             let (addr, _) = buf.addr.expect("mapped before the DMA map");
             ctx.map(addr as u64, buf.fd).map_err(WorkloadError::Dma)
         })?;
-        self.timed(Phase::Unmap, |_| ctx.unmap().map(drop).map_err(WorkloadError::Dma))
+        still_there(ctx)?;
+        self.timed(Phase::Unmap, |_| ctx.unmap().map(drop).map_err(WorkloadError::Dma))?;
+        still_there(ctx)
     }
 
     fn munmap(&mut self) -> Result<(), WorkloadError> {
@@ -251,6 +261,16 @@ impl Iteration<'_> {
             }
             Ok(())
         })
+    }
+}
+
+/// Fails once the kernel wants the device back: the unbind waits for the case to let go.
+fn still_there(ctx: &DmaContext) -> Result<(), WorkloadError> {
+    match ctx.removal_requested() {
+        true => Err(WorkloadError::DeviceRemoved {
+            bdf: ctx.bdf().to_owned(),
+        }),
+        false => Ok(()),
     }
 }
 

@@ -339,7 +339,7 @@ fn guest(args: &BenchArgs) -> Result<String> {
     let fentry = doctor["capabilities"]["fentry"].clone();
 
     // Boot 2: every configuration, interleaved; bpftrace and its libraries ride in the initramfs.
-    let host_files = bpftrace_files()?;
+    let host_files = super::with_libraries(Path::new("/usr/bin/bpftrace"))?;
     let mut script = format!(
         "cat > /tmp/kprobes.bt <<'EOF'\n{}EOF\ncat > /tmp/profile.bt <<'EOF'\n{}EOF\n",
         kprobes_script(&functions),
@@ -564,27 +564,6 @@ fn boot(
         bail!("bench guest exited with {}", outcome.exit_status);
     }
     Ok(outcome.console)
-}
-
-/// /usr/bin/bpftrace, the shared libraries `ldd` lists for it and the dynamic loader.
-fn bpftrace_files() -> Result<Vec<PathBuf>> {
-    let bpftrace = PathBuf::from("/usr/bin/bpftrace");
-    let out = Command::new("ldd").arg(&bpftrace).output().context("running ldd")?;
-    let mut files = vec![bpftrace];
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        // "libx.so.1 => /lib/x86_64-linux-gnu/libx.so.1 (0x...)" or "/lib64/ld-linux-x86-64.so.2 (0x...)".
-        let path = line
-            .split("=>")
-            .nth(1)
-            .unwrap_or(line)
-            .split_whitespace()
-            .next()
-            .unwrap_or_default();
-        if path.starts_with('/') {
-            files.push(PathBuf::from(path));
-        }
-    }
-    Ok(files)
 }
 
 /// Why bpftrace never said READY (with its log).

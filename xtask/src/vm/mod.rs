@@ -426,6 +426,27 @@ pub fn test() -> Result<()> {
     tests::run(&[])
 }
 
+/// A dynamically linked host binary with the shared libraries `ldd` lists for it and the
+/// dynamic loader: what the guest needs to run it (as `host_files`).
+pub(crate) fn with_libraries(binary: &Path) -> Result<Vec<PathBuf>> {
+    let out = Command::new("ldd").arg(binary).output().context("running ldd")?;
+    let mut files = vec![binary.to_owned()];
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        // "libx.so.1 => /lib/x86_64-linux-gnu/libx.so.1 (0x...)" or "/lib64/ld-linux-x86-64.so.2 (0x...)".
+        let path = line
+            .split("=>")
+            .nth(1)
+            .unwrap_or(line)
+            .split_whitespace()
+            .next()
+            .unwrap_or_default();
+        if path.starts_with('/') {
+            files.push(PathBuf::from(path));
+        }
+    }
+    Ok(files)
+}
+
 #[cfg(test)]
 mod unit {
     use super::*;

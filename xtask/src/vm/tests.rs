@@ -15,6 +15,8 @@ use anyhow::{Result, bail};
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use serde_json::Value;
 
+mod faults;
+
 use super::{Payload, Plan, cache_dir, execute, kernel, qemu, transfer, unpack_archive};
 use crate::{
     build::{build_static, build_vm_init},
@@ -60,7 +62,7 @@ struct VmTest {
 }
 
 /// Every VM test, in the order they run.
-const TESTS: [VmTest; 15] = [
+const TESTS: [VmTest; 16] = [
     VmTest {
         name: "boot_custom_doctor",
         kernel: KernelName::Custom,
@@ -130,6 +132,11 @@ const TESTS: [VmTest; 15] = [
         name: "record_c_reference_maps",
         kernel: KernelName::Custom,
         run: record_reference,
+    },
+    VmTest {
+        name: "faults_survived",
+        kernel: KernelName::Custom,
+        run: faults::faults_survived,
     },
     VmTest {
         name: "signals_leave_nothing_behind",
