@@ -16,6 +16,7 @@ use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use serde_json::Value;
 
 mod faults;
+mod soak;
 
 use super::{Payload, Plan, cache_dir, execute, kernel, qemu, transfer, unpack_archive};
 use crate::{
@@ -62,7 +63,7 @@ struct VmTest {
 }
 
 /// Every VM test, in the order they run.
-const TESTS: [VmTest; 16] = [
+const TESTS: [VmTest; 17] = [
     VmTest {
         name: "boot_custom_doctor",
         kernel: KernelName::Custom,
@@ -137,6 +138,11 @@ const TESTS: [VmTest; 16] = [
         name: "faults_survived",
         kernel: KernelName::Custom,
         run: faults::faults_survived,
+    },
+    VmTest {
+        name: "soak_nothing_grows",
+        kernel: KernelName::Custom,
+        run: soak::soak,
     },
     VmTest {
         name: "signals_leave_nothing_behind",
