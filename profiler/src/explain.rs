@@ -9,10 +9,10 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::{
-    category::Category,
+    category::{CATEGORIES, Category},
     facts::FeatureId,
     matrix::{DmaMode, Prefault},
-    report::{CaseReport, PhaseReport, Report},
+    report::{CaseReport, PhaseReport, Report, Shape},
     workload::Phase,
 };
 
@@ -82,7 +82,19 @@ pub const RULES: &[Rule] = &[
         id: "unmap_iova_walk",
         fires: unmap_iova_walk,
     },
+    Rule {
+        id: "slower_than_other_mode",
+        fires: slower_than_other_mode,
+    },
+    Rule {
+        id: "super_linear_growth",
+        fires: super_linear_growth,
+    },
 ];
+
+/// A mode is called out when its map takes this many times the fastest mode's on the same
+/// buffer (and the two runs' spreads do not overlap).
+const MODE_GAP: f64 = 1.5;
 
 /// The findings and checks of one report.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -91,6 +103,117 @@ pub struct Explanation {
     pub findings: Vec<Finding>,
     /// Where a number cannot be trusted.
     pub checks: Vec<String>,
+}
+
+/// The map phase of the case of this run with the same backing, prefault and size in the
+/// fastest other IOMMU mode: the case and its phase.
+fn fastest_other_mode<'a>(report: &'a Report, case: &CaseReport) -> Option<(&'a CaseReport, &'a PhaseReport)> {
+    report
+        .cases
+        .iter()
+        .filter(|c| {
+            c.iommu_mode.is_some()
+                && c.iommu_mode != case.iommu_mode
+                && c.backing == case.backing
+                && c.prefault == case.prefault
+                && c.size_bytes == case.size_bytes
+        })
+        .filter_map(|c| Some((c, phase(c, Phase::Map)?)))
+        .min_by_key(|(_, p)| p.wall_ns.median)
+}
+
+/// The category whose time differs most between two phases (untraced scale), with both times.
+fn biggest_difference(slow: &PhaseReport, fast: &PhaseReport) -> Option<(Category, u64, u64)> {
+    CATEGORIES
+        .iter()
+        .map(|c| (*c, ns_of(slow, &[*c]), ns_of(fast, &[*c])))
+        .max_by_key(|(_, a, b)| a.saturating_sub(*b))
+        .filter(|(_, a, b)| a > b)
+}
+
+/// Cross-case: the same buffer maps much faster in another IOMMU mode of this run.
+fn slower_than_other_mode(report: &Report, case: &CaseReport) -> Option<Fired> {
+    let map = phase(case, Phase::Map)?;
+    let (fast_case, fast) = fastest_other_mode(report, case)?;
+    let ratio = map.wall_ns.median as f64 / fast.wall_ns.median.max(1) as f64;
+    // Both runs' spreads apart: the slowest fast iteration is below the fastest slow one.
+    if ratio < MODE_GAP || fast.wall_ns.max >= map.wall_ns.min {
+        return None;
+    }
+    let (cat, here, there) = biggest_difference(map, fast)?;
+    let fast_mode = fast_case.iommu_mode?.name();
+    Some(Fired {
+        phase: Phase::Map,
+        ns: map.wall_ns.median - fast.wall_ns.median,
+        what: format!("this map takes {ratio:.1}x as long as {fast_mode} on the same buffer"),
+        why: format!(
+            "most of the difference is {}: {} here against {} in {}",
+            cat.name(),
+            ms(here),
+            ms(there),
+            fast_case.name
+        ),
+        evidence: format!(
+            "map {} [{}-{}] against {} [{}-{}] over the untraced iterations",
+            ms(map.wall_ns.median),
+            ms(map.wall_ns.min),
+            ms(map.wall_ns.max),
+            ms(fast.wall_ns.median),
+            ms(fast.wall_ns.min),
+            ms(fast.wall_ns.max)
+        ),
+        fix: format!("map this kind of buffer through {fast_mode}"),
+    })
+}
+
+/// How fast a fit grows between its two smallest sizes and between its two largest, ns per GiB.
+fn growth(points: &[(u64, u64)]) -> Option<(f64, f64)> {
+    let per_gib =
+        |a: (u64, u64), b: (u64, u64)| (b.1 as f64 - a.1 as f64) / ((b.0 - a.0).max(1) as f64 / (1u64 << 30) as f64);
+    let n = points.len();
+    (n >= 3).then(|| (per_gib(points[0], points[1]), per_gib(points[n - 2], points[n - 1])))
+}
+
+/// A phase of a size sweep that grows faster than the size (told once, on the largest size).
+fn super_linear_growth(report: &Report, case: &CaseReport) -> Option<Fired> {
+    let sweep = report
+        .sweeps
+        .iter()
+        .find(|s| s.case == crate::sweep::base_name(&case.name))?;
+    let sp = sweep.phases.iter().find(|p| p.total.shape == Shape::SuperLinear)?;
+    let &(largest, last_ns) = sp.total.points.last()?;
+    if case.size_bytes != largest {
+        return None;
+    }
+    let (early, late) = growth(&sp.total.points)?;
+    let cats: Vec<&str> = sp
+        .categories
+        .iter()
+        .filter(|(_, f)| f.shape == Shape::SuperLinear)
+        .map(|(c, _)| c.name())
+        .collect();
+    // What the largest size costs beyond the rate of the smallest sizes.
+    let (first_bytes, first_ns) = sp.total.points[0];
+    let linear = first_ns as f64 + early * (largest - first_bytes) as f64 / (1u64 << 30) as f64;
+    Some(Fired {
+        phase: sp.phase,
+        ns: (last_ns as f64 - linear).max(0.0) as u64,
+        what: format!(
+            "{} grows faster than the buffer: {:.1} ms per GiB between the two smallest sizes, {:.1} ms per GiB \
+             between the two largest",
+            sp.phase,
+            early / 1e6,
+            late / 1e6
+        ),
+        why: match cats.as_slice() {
+            [] => "each GiB costs more than the one before; no single category carries the growth".into(),
+            c => format!("each GiB costs more than the one before, in {}", c.join(", ")),
+        },
+        evidence: format!("the sweep {}: {}", sweep.case, crate::sweep::describe(&sp.total)),
+        fix: "map in chunks no larger than the sizes where the cost still grows in proportion, and compare the \
+              smallest and largest sizes' flamegraphs (`dmaprof diff`) to find what scales"
+            .into(),
+    })
 }
 
 /// Runs every rule on every case of `report`.
@@ -525,13 +648,86 @@ mod tests {
         ));
         assert!(fired(&e, "memfd_pin_allocates", "iommufd_memfd.none"));
         assert!(fired(&e, "unmap_iova_walk", "iommufd_anonymous_hugetlb_2mb.none"));
-        for rule in RULES {
+        assert!(fired(
+            &e,
+            "slower_than_other_mode",
+            "iommufd_compat_type1_anonymous_hugetlb_2mb.none"
+        ));
+        assert!(!fired(
+            &e,
+            "slower_than_other_mode",
+            "iommufd_anonymous_hugetlb_2mb.none"
+        ));
+        // The saved run swept no sizes; `super_linear_growth` has its own test.
+        for rule in RULES.iter().filter(|r| r.id != "super_linear_growth") {
             assert!(e.findings.iter().any(|f| f.rule == rule.id), "{} never fires", rule.id);
         }
         assert!(
             e.findings.windows(2).all(|w| w[0].ns >= w[1].ns),
             "ranked by time at stake"
         );
+    }
+
+    /// The saved run's `vfio_type1_iommu_anonymous.none` at three sizes, its map costing `ns`.
+    fn swept(ns: [u64; 3]) -> Report {
+        let mut r = matrix();
+        let base = r
+            .cases
+            .iter()
+            .find(|c| c.name == "vfio_type1_iommu_anonymous.none")
+            .unwrap()
+            .clone();
+        let sizes = [64u64 << 20, 128 << 20, 256 << 20];
+        r.cases = sizes
+            .iter()
+            .zip(ns)
+            .map(|(&size, ns)| {
+                let mut c = base.clone();
+                c.name = format!("{}@{}M", base.name, size >> 20);
+                c.size_bytes = size;
+                for p in c.phases.iter_mut().filter(|p| p.name == Phase::Map) {
+                    p.wall_ns = crate::report::Stats::of(vec![ns]);
+                }
+                c
+            })
+            .collect();
+        r.sweeps = crate::sweep::fit_all(&r.cases);
+        r
+    }
+
+    #[test]
+    fn super_linear_growth_is_told_once_on_the_largest_size() {
+        let e = explain(&swept([10_000_000, 20_000_000, 80_000_000]));
+        let f: Vec<&Finding> = e.findings.iter().filter(|f| f.rule == "super_linear_growth").collect();
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert_eq!(f[0].case, "vfio_type1_iommu_anonymous.none@256M");
+        assert!(
+            f[0].what.contains("160.0 ms per GiB between the two smallest"),
+            "{}",
+            f[0].what
+        );
+        assert!(
+            f[0].what.contains("480.0 ms per GiB between the two largest"),
+            "{}",
+            f[0].what
+        );
+        // The largest size at the smallest sizes' rate would cost 40 ms: 40 ms more is at stake.
+        assert_eq!(f[0].ns, 40_000_000);
+        let linear = explain(&swept([10_000_000, 20_000_000, 40_000_000]));
+        assert!(!linear.findings.iter().any(|f| f.rule == "super_linear_growth"));
+    }
+
+    #[test]
+    fn the_slower_mode_names_the_faster_and_the_difference() {
+        let e = explain(&matrix());
+        let f = e
+            .findings
+            .iter()
+            .find(|f| f.rule == "slower_than_other_mode" && f.case == "iommufd_compat_type1_anonymous_hugetlb_2mb.none")
+            .unwrap();
+        assert!(f.what.contains("1.9x as long as iommufd_compat_type1v2"), "{}", f.what);
+        assert!(f.evidence.contains("37.8 ms"), "{}", f.evidence);
+        assert_eq!(f.ns, 37_760_378 - 19_895_293);
     }
 
     #[test]

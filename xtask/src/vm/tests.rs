@@ -735,7 +735,7 @@ fn ktap_check(c: &Ctx, report: &Path) -> Result<String, String> {
 
 /// Findings `dmaprof explain` must make on the custom kernel's matrix (rule, case), and ones
 /// it must not: native iommufd maps hugetlb in large IOMMU pages.
-const FINDINGS: [(&str, &str, bool); 6] = [
+const FINDINGS: [(&str, &str, bool); 7] = [
     ("demand_faults_in_map", "vfio_type1_iommu_anonymous.none", true),
     ("demand_faults_in_map", "vfio_type1_iommu_anonymous.populate", false),
     (
@@ -746,6 +746,11 @@ const FINDINGS: [(&str, &str, bool); 6] = [
     ("small_iommu_pages", "iommufd_anonymous_hugetlb_2mb.none", false),
     ("memfd_pin_allocates", "iommufd_memfd.none", true),
     ("unmap_iova_walk", "iommufd_anonymous_hugetlb_2mb.populate", true),
+    (
+        "slower_than_other_mode",
+        "iommufd_compat_type1_anonymous_hugetlb_2mb.populate",
+        true,
+    ),
 ];
 
 /// Runs `dmaprof explain --json` (the same static binary, on the host) on a guest run's
