@@ -22,7 +22,7 @@ use anyhow::{Context as _, Result, bail};
 use clap::Args;
 use serde_json::Value;
 
-use super::{Payload, Plan, cache_dir, execute, kernel, unpack_archive};
+use super::{Payload, Plan, cache_dir, execute, kernel, qemu::FailKind, unpack_archive};
 use crate::{
     build::{build_release, build_static, build_vm_init, workspace_root},
     setup::ensure_debian_packages,
@@ -349,18 +349,22 @@ fn guest(args: &BenchArgs) -> Result<String> {
         script,
         r#"up() {{ cut -d' ' -f1 /proc/uptime | tr -d .; }}
 B="/bin/dmaprof run --json -b {size_bytes} -v {GUEST_CASE} -n 3 --traced-iterations 3 --thp never"
-one() {{ # name round dmaprof-options
-  echo "R $1 $2"
+attempt() {{ # name round dmaprof-options; fails if the run hung
+  rm -rf /tmp/o
   $B $3 -o /tmp/o > /dev/null 2> /tmp/err & dp=$!
   n=0; while kill -0 $dp 2>/dev/null && [ $n -lt 3000 ]; do usleep 100000; n=$((n + 1)); done
   if kill -0 $dp 2>/dev/null; then
     # Stuck for 300 s: say where each thread is in the kernel, then end it.
-    echo "E $1 $2 hung: $(tail -1 /tmp/err)"
+    echo "H $1 $2 hung: $(tail -1 /tmp/err)"
     for t in /proc/$dp/task/*; do echo "STACK $(cat $t/comm) $(cat $t/wchan)"; cat $t/stack; done
     kill -9 $dp; wait $dp
-  else
-    wait $dp || echo "E $1 $2 $? $(tail -1 /tmp/err)"
+    return 1
   fi
+  wait $dp || echo "E $1 $2 $? $(tail -1 /tmp/err)"
+}}
+one() {{ # name round dmaprof-options: a run that hangs is killed and run once more
+  echo "R $1 $2"
+  attempt "$@" || attempt "$@" || echo "E $1 $2 hung twice"
   cp /tmp/o/report.json /out/$1-$2.json; rm -rf /tmp/o
 }}
 {bt}"#,
@@ -463,6 +467,16 @@ one() {{ # name round dmaprof-options
     for f in marker("F") {
         let _ = writeln!(md, "- bpftrace {} failed in round {}: {}", f[1], f[2], f[3..].join(" "));
     }
+    for h in marker("H") {
+        let _ = writeln!(
+            md,
+            "- dmaprof run {} round {} hung (no progress for 300 s; each thread's kernel stack is in the console \
+             log), was killed and run once more: {}",
+            h[1],
+            h[2],
+            h[3..].join(" ")
+        );
+    }
     for e in marker("E") {
         let _ = writeln!(
             md,
@@ -556,7 +570,16 @@ fn boot(
         echo: true,
         host_files,
     };
-    let outcome = execute(plan).map_err(|e| anyhow::anyhow!(e.message))?;
+    // A guest that stops making progress as a whole (no console line before the deadline, or
+    // a stall the kernel reports) is killed and booted once more.
+    let outcome = match execute(plan.clone()) {
+        Err(e) if matches!(e.kind, FailKind::Timeout | FailKind::Stall) => {
+            eprintln!("xtask: bench: the guest hung ({}); booting it once more", e.message);
+            execute(plan)
+        }
+        other => other,
+    }
+    .map_err(|e| anyhow::anyhow!(e.message))?;
     if let Some(archive) = &outcome.archive {
         unpack_archive(archive, dir)?;
     }

@@ -94,6 +94,7 @@ pub fn cache_dir() -> Result<PathBuf> {
 }
 
 /// What runs in the guest.
+#[derive(Clone)]
 enum Payload {
     /// `dmaprof <args>`.
     Dmaprof(Vec<String>),
@@ -102,6 +103,7 @@ enum Payload {
 }
 
 /// One guest run, fully described.
+#[derive(Clone)]
 struct Plan<'a> {
     kernel: &'a kernel::Kernel,
     /// The static guest init (`build::build_vm_init`).
