@@ -98,6 +98,8 @@ pub mod programs {
     pub const SYS_EXIT: &str = "sys_exit";
     /// Raw tracepoint `page_fault_user` (exceptions).
     pub const PAGE_FAULT_USER: &str = "page_fault_user";
+    /// Raw tracepoint `mm_page_alloc` (kmem).
+    pub const PAGE_ALLOC: &str = "page_alloc";
     /// Kprobe on every probed function's entry (the row comes from the entry address).
     pub const ROW_ENTRY: &str = "row_entry";
     /// Kretprobe on every probed function's return.
@@ -107,7 +109,15 @@ pub mod programs {
     /// Prefix of the fexit slot programs (`row_fexit_0` ...).
     pub const ROW_FEXIT_PREFIX: &str = "row_fexit_";
     /// Every program name, for recognising dmaprof's programs among all loaded ones.
-    pub const ALL: &[&str] = &[SAMPLE_STACK, SYS_ENTER, SYS_EXIT, PAGE_FAULT_USER, ROW_ENTRY, ROW_EXIT];
+    pub const ALL: &[&str] = &[
+        SAMPLE_STACK,
+        SYS_ENTER,
+        SYS_EXIT,
+        PAGE_FAULT_USER,
+        PAGE_ALLOC,
+        ROW_ENTRY,
+        ROW_EXIT,
+    ];
 }
 
 /// Name of the read-only global that holds the workload thread's id, set at load time.
@@ -237,7 +247,13 @@ pub struct PhaseCounters {
     pub stack_overflow: u64,
     /// Probed returns with no call on the stack (a missed entry).
     pub unmatched_exit: u64,
+    /// `kmem:mm_page_alloc` hits by allocation order (the last slot: that order or higher):
+    /// the page and folio sizes the phase allocated (4 KiB pages, 2 MiB THP folios, ...).
+    pub page_allocs: [u64; PAGE_ORDERS],
 }
+
+/// Allocation orders [`PhaseCounters::page_allocs`] tells apart (0 to 10, then 11 and above).
+pub const PAGE_ORDERS: usize = 12;
 
 /// How a probed function's entry is accounted.
 #[repr(C)]

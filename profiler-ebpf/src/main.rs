@@ -24,8 +24,8 @@ use aya_ebpf::{
 use aya_log_ebpf::warn;
 use profiler_ebpf::{
     CALLS_RING_BYTES, Control, DmaCall, Frame, MAX_CALL_DEPTH, MAX_CATEGORIES, MAX_PHASES, MAX_RECORD_IOCTLS, MAX_ROWS,
-    MAX_THREAD_CALLS, MAX_WATCHED, PhaseCounters, RecordIoctl, RecordSyscalls, RowConfig, RowStats, SAMPLE_MAP_ENTRIES,
-    STACK_MAP_ENTRIES, SampleKey, SyscallEntry, ThreadCall, Watch,
+    MAX_THREAD_CALLS, MAX_WATCHED, PAGE_ORDERS, PhaseCounters, RecordIoctl, RecordSyscalls, RowConfig, RowStats,
+    SAMPLE_MAP_ENTRIES, STACK_MAP_ENTRIES, SampleKey, SyscallEntry, ThreadCall, Watch,
 };
 
 /// The workload thread's id; set by user space at load time.
@@ -232,6 +232,20 @@ pub fn page_fault_user(_ctx: RawTracePointContext) -> u32 {
     }
     0
 }
+/// kmem:mm_page_alloc(page, order, gfp_flags, migratetype): every page allocation of the
+/// workload thread, counted by order.
+#[raw_tracepoint(tracepoint = "mm_page_alloc")]
+pub fn page_alloc(ctx: RawTracePointContext) -> u32 {
+    if let Some(c) = recording_phase().and_then(counters) {
+        let order: u64 = ctx.arg(1);
+        let slot = (order as usize).min(PAGE_ORDERS - 1);
+        if let Some(n) = c.page_allocs.get_mut(slot) {
+            *n += 1;
+        }
+    }
+    0
+}
+
 #[map]
 static ROW_BY_IP: HashMap<u64, RowConfig> = HashMap::with_max_entries(MAX_ROWS * 2, 0);
 

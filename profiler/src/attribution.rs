@@ -55,6 +55,8 @@ pub struct Coverage {
     pub syscalls: bool,
     /// CPU page faults (exceptions:page_fault_user).
     pub cpu_faults: bool,
+    /// Page allocations by order (kmem:mm_page_alloc).
+    pub page_allocs: bool,
     /// Sampled stacks (the perf event).
     pub samples: bool,
 }
@@ -81,6 +83,7 @@ impl Coverage {
             exact: Err(NoExact::NotLoaded),
             syscalls: false,
             cpu_faults: false,
+            page_allocs: false,
             samples: false,
         }
     }
@@ -91,7 +94,7 @@ impl Coverage {
         let mut c = Self::attached(status);
         if !passes.contains(&Pass::Exact) {
             c.exact = Err(NoExact::NotRun);
-            (c.syscalls, c.cpu_faults) = (false, false);
+            (c.syscalls, c.cpu_faults, c.page_allocs) = (false, false, false);
         }
         c.samples &= passes.contains(&Pass::Sampled);
         c
@@ -115,6 +118,7 @@ impl Coverage {
             exact,
             syscalls: attached(&|s| s.function == "raw_syscalls:sys_exit"),
             cpu_faults: attached(&|s| s.function == "exceptions:page_fault_user"),
+            page_allocs: attached(&|s| s.function == "kmem:mm_page_alloc"),
             samples: attached(&|s| s.mechanism == AttachedBy::PerfEvent),
         }
     }
@@ -704,6 +708,7 @@ fn phase_report(phase: Phase, input: &CaseInput, cats: &CategoryCounts, owners: 
         per_page_ns: BTreeMap::new(),
         counters: Counters {
             cpu_faults: cov.cpu_faults.then(|| med(|c| c.user_faults)),
+            page_allocs: cov.page_allocs.then(|| page_allocs(&counters)),
             minor_faults: Stats::of(head.iter().map(|(_, p)| p.minor_faults).collect()).median,
             major_faults: Stats::of(head.iter().map(|(_, p)| p.major_faults).collect()).median,
             syscalls: cov.syscalls.then(|| med(|c| c.syscalls)),
@@ -715,6 +720,18 @@ fn phase_report(phase: Phase, input: &CaseInput, cats: &CategoryCounts, owners: 
     };
     report.per_page_ns = per_page_ns(&report, input.workload.size.bytes());
     Some(report)
+}
+
+/// Page allocations by order (only the orders that occurred): medians over the exact
+/// iterations.
+fn page_allocs(counters: &[PhaseCounters]) -> BTreeMap<u32, u64> {
+    (0..crate::abi::PAGE_ORDERS)
+        .map(|order| {
+            let runs = counters.iter().map(|c| c.page_allocs[order]).collect();
+            (order as u32, Stats::of(runs).median)
+        })
+        .filter(|(_, n)| *n > 0)
+        .collect()
 }
 
 /// ns per 4 KiB page of a `bytes` buffer, per category, at `p`'s headline time.
@@ -1014,6 +1031,7 @@ mod tests {
                 exact: Ok(()),
                 syscalls: true,
                 cpu_faults: false,
+                page_allocs: false,
                 samples: true,
             },
             demotion: Demotion::default(),
@@ -1258,6 +1276,7 @@ mod tests {
             exact: Ok(()),
             syscalls: true,
             cpu_faults: false,
+            page_allocs: false,
             samples: true,
         };
         let out = case_report(&CaseInput {

@@ -164,7 +164,7 @@ pub struct Tracepoint {
     pub event: &'static str,
 }
 
-/// The tracepoints: syscall time per phase and user page-fault counts.
+/// The tracepoints: syscall time per phase, user page-fault counts, page allocations by order.
 pub const TRACEPOINTS: &[Tracepoint] = &[
     Tracepoint {
         program: abi::programs::SYS_ENTER,
@@ -180,6 +180,11 @@ pub const TRACEPOINTS: &[Tracepoint] = &[
         program: abi::programs::PAGE_FAULT_USER,
         category: "exceptions",
         event: "page_fault_user",
+    },
+    Tracepoint {
+        program: abi::programs::PAGE_ALLOC,
+        category: "kmem",
+        event: "mm_page_alloc",
     },
 ];
 

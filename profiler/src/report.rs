@@ -322,6 +322,11 @@ pub struct Counters {
     /// attached). GUP-driven faults (inside a pin or MAP_POPULATE) do not fire it.
     #[serde(alias = "faults")]
     pub cpu_faults: Option<u64>,
+    /// Page allocations of the workload thread by order (kmem:mm_page_alloc: order 0 is a
+    /// 4 KiB page, 9 a 2 MiB folio; 11 means 11 or more), the orders that occurred; None when
+    /// the tracepoint was not attached. hugetlb pages come from the pool and are not counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub page_allocs: Option<BTreeMap<u32, u64>>,
     /// Minor faults from getrusage (also counts GUP-driven faults).
     #[serde(default)]
     pub minor_faults: u64,

@@ -206,7 +206,42 @@ fn case_table(case: &CaseReport) -> String {
         out += &exact_row(p, &columns);
     }
     out += &demoted(case);
+    out += &allocated(case);
     out
+}
+
+/// The pages each phase allocated, by size (the exact pass's kmem:mm_page_alloc counts).
+fn allocated(case: &CaseReport) -> String {
+    let parts: Vec<String> = case
+        .phases
+        .iter()
+        .filter_map(|p| {
+            let by_order = p.counters.page_allocs.as_ref().filter(|a| !a.is_empty())?;
+            let sizes: Vec<String> = by_order
+                .iter()
+                .rev()
+                .map(|(order, n)| {
+                    let size = HumanSize(4096 << order)
+                        .to_string()
+                        .replace(" KiB", "K")
+                        .replace(" MiB", "M");
+                    format!(
+                        "{n} x {size}{}",
+                        if *order as usize == crate::abi::PAGE_ORDERS - 1 {
+                            "+"
+                        } else {
+                            ""
+                        }
+                    )
+                })
+                .collect();
+            Some(format!("{} {}", p.name.name(), sizes.join(" + ")))
+        })
+        .collect();
+    match parts.is_empty() {
+        true => String::new(),
+        false => format!("  pages allocated: {}\n", parts.join("; ")),
+    }
 }
 
 /// Which rows the exact pass ran without, and where their time went.

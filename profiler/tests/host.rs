@@ -232,6 +232,13 @@ fn touch_faults_are_counted_and_none_has_none() {
         (262_144 * 99 / 100..=262_144 * 101 / 100).contains(&faults),
         "1 GiB of 4 KiB pages: ~262144 faults, got {faults}"
     );
+    // kmem:mm_page_alloc: a 4 KiB page per fault, plus the page tables that map them.
+    let allocs = &touch["counters"]["page_allocs"];
+    let small = allocs["0"].as_u64().unwrap_or(0);
+    assert!(
+        (faults..=faults * 101 / 100).contains(&small),
+        "{faults} faults allocate about as many 4 KiB pages: {allocs}"
+    );
     let none = case(&r, "none_anonymous.none");
     for p in none["phases"].as_array().unwrap() {
         assert_eq!(

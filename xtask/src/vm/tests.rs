@@ -1513,18 +1513,35 @@ fn thp_checks(dir: &Path, problems: &mut Vec<String>) -> Result<String, String> 
             .map(|r| ns(&r["calls"]))
             .sum::<f64>()
     };
+    // kmem:mm_page_alloc by order: 0 is a 4 KiB page, 9 a 2 MiB THP folio.
+    let allocs = |p: &Value, order: &str| ns(&p["counters"]["page_allocs"][order]);
     // 16 MiB: 4096 pages of 4 KiB, or 8 of 2 MiB where THP is on.
-    if faults(&never) != 4096.0 || zero_calls(&never) != 0.0 {
+    if faults(&never) != 4096.0
+        || zero_calls(&never) != 0.0
+        || allocs(&never, "9") != 0.0
+        || allocs(&never, "0") < 4096.0
+    {
         problems.push(format!(
-            "--thp never: {} faults, {} folio_zero_user calls (want 4096 and 0)",
+            "--thp never: {} faults, {} folio_zero_user calls, page allocations {} (want 4096, 0 and >= 4096 of 4 KiB, \
+             none of 2 MiB)",
             faults(&never),
-            zero_calls(&never)
+            zero_calls(&never),
+            never["counters"]["page_allocs"]
+        ));
+    }
+    // 8 folios when the buffer is 2 MiB-aligned (the kernel aligns large anonymous mappings).
+    if allocs(&system, "9") < 7.0 {
+        problems.push(format!(
+            "THP always: page allocations {} (want 7-8 of 2 MiB)",
+            system["counters"]["page_allocs"]
         ));
     }
     Ok(format!(
-        "map faults --thp system {} vs never {}",
+        "map faults --thp system {} vs never {}; map page allocations {} vs {}",
         faults(&system),
-        faults(&never)
+        faults(&never),
+        system["counters"]["page_allocs"],
+        never["counters"]["page_allocs"]
     ))
 }
 
