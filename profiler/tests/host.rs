@@ -1362,3 +1362,57 @@ fn record_duration_stops_the_command() {
     assert!(num(&r["duration_ns"], "duration_ns") >= 1_000_000_000);
     let _ = fs::remove_dir_all(&dir);
 }
+
+/// ftrace's stack traces, with `sym-addr`, as ` => name <address>` frame lines: a private mount
+/// of tracefs (in a new mount namespace, so the host's mounts are untouched) and an instance of
+/// its own record the kernel stack of every page allocation of a `dd`.
+const KERNEL_STACKS: &str = r#"D=$(mktemp -d) && mount -t tracefs nodev $D || exit 3
+I=$D/instances/dmaprof-symbols
+mkdir $I && cd $I || exit 4
+echo 1 > options/stacktrace; echo 1 > options/sym-addr; echo 1 > options/event-fork
+echo $$ > set_event_pid; echo 1 > events/kmem/mm_page_alloc/enable
+dd if=/dev/zero of=/dev/null bs=4M count=2 2>/dev/null
+echo 0 > events/kmem/mm_page_alloc/enable
+grep '^ => ' trace
+cd /; rmdir $I; umount $D; rmdir $D"#;
+
+#[test]
+fn kernel_stacks_resolve_as_the_kernel_names_them() {
+    if !can_run("kernel_stacks_resolve_as_the_kernel_names_them") {
+        return;
+    }
+    let out = Command::new("unshare")
+        .args(["-m", "sh", "-c", KERNEL_STACKS])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() || text.is_empty() {
+        eprintln!(
+            "SKIPPED kernel_stacks_resolve_as_the_kernel_names_them: no ftrace stack traces here ({}: {})",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        return;
+    }
+    let frames: std::collections::BTreeSet<(u64, String)> = text
+        .lines()
+        .filter_map(|l| {
+            let (name, addr) = l.strip_prefix(" => ")?.split_once(" <")?;
+            Some((u64::from_str_radix(addr.strip_suffix('>')?, 16).ok()?, name.to_owned()))
+        })
+        .collect();
+    let symbols = profiler::symbols::KernelSymbols::load().unwrap();
+    let wrong: Vec<String> = frames
+        .iter()
+        .filter(|(addr, name)| symbols.resolve(*addr) != *name)
+        .map(|(addr, name)| format!("{addr:x}: kernel {name}, dmaprof {}", symbols.resolve(*addr)))
+        .collect();
+    assert!(frames.len() >= 20, "too few frames to compare: {text}");
+    assert!(
+        wrong.is_empty(),
+        "{} of {} frames differ: {wrong:#?}",
+        wrong.len(),
+        frames.len()
+    );
+    eprintln!("{} distinct kernel frames named as the kernel names them", frames.len());
+}
