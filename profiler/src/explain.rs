@@ -537,6 +537,8 @@ pub fn checks(report: &Report) -> Vec<String> {
             }
         }
     }
+    out.extend(report.cases.iter().filter_map(|c| demand_against_populate(report, c)));
+    out.extend(unprobed_categories(report));
     let missing = report.probes.iter().filter(|p| !p.attached).count();
     if missing > 0 {
         out.push(format!(
@@ -544,6 +546,69 @@ pub fn checks(report: &Report) -> Vec<String> {
         ));
     }
     out
+}
+
+/// Categories the exact pass reads as 0 in a phase where samples put 5% or more, while rows of
+/// that category did not attach: the 0 is a missing probe, not a missing cost.
+fn unprobed_categories(report: &Report) -> Vec<String> {
+    let mut out = Vec::new();
+    for cat in CATEGORIES {
+        let unattached: Vec<&str> = report
+            .probes
+            .iter()
+            .filter(|p| !p.attached && crate::category::category_of(&p.function) == Some(*cat))
+            .map(|p| p.function.as_str())
+            .collect();
+        if unattached.is_empty() {
+            continue;
+        }
+        for case in &report.cases {
+            for p in case.phases.iter().filter(|p| p.exact.available) {
+                let sampled = p.sampled.categories.get(cat).copied().unwrap_or(0.0);
+                if p.exact.categories.get(cat).copied().unwrap_or(0) == 0 && sampled >= 0.05 {
+                    out.push(format!(
+                        "{} {}: exact {} reads 0 while samples put {:.0}% there; not attached: {}",
+                        case.name,
+                        p.name.name(),
+                        cat.name(),
+                        sampled * 100.0,
+                        unattached.join(", ")
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Demand faulting may differ from populating by this fraction before the two are flagged.
+const DEMAND_POPULATE_GAP: f64 = 0.15;
+
+/// The same pages faulted in on demand inside the map, and populated in mmap by the populate
+/// sibling, should cost about the same: when they differ by more than 15%, one of the two
+/// breakdowns (or an assumption behind comparing them) is off.
+fn demand_against_populate(report: &Report, case: &CaseReport) -> Option<String> {
+    let cats = [Category::Faulting, Category::Zeroing];
+    if case.prefault != Prefault::None || case.iommu_mode.is_none() {
+        return None;
+    }
+    let populated = sibling(report, case, Prefault::Populate)?;
+    let (demand, upfront) = (
+        ns_of(phase(case, Phase::Map)?, &cats),
+        ns_of(phase(populated, Phase::Mmap)?, &cats),
+    );
+    let gap = demand.abs_diff(upfront) as f64 / demand.max(upfront).max(1) as f64;
+    (demand.max(upfront) >= 1_000_000 && gap > DEMAND_POPULATE_GAP).then(|| {
+        format!(
+            "{} map: faulting + zeroing on demand take {}, the same pages populated in {}'s mmap {} ({:.0}% apart): \
+             compare the two with care",
+            case.name,
+            ms(demand),
+            populated.name,
+            ms(upfront),
+            gap * 100.0
+        )
+    })
 }
 
 /// The category exact and sampled disagree on most, where both are there (1000 samples or
@@ -728,6 +793,64 @@ mod tests {
         assert!(f.what.contains("1.9x as long as iommufd_compat_type1v2"), "{}", f.what);
         assert!(f.evidence.contains("37.8 ms"), "{}", f.evidence);
         assert_eq!(f.ns, 37_760_378 - 19_895_293);
+    }
+
+    #[test]
+    fn demand_faulting_is_held_against_populating() {
+        let mut r = matrix();
+        let flagged = |r: &Report| {
+            checks(r)
+                .into_iter()
+                .filter(|c| c.starts_with("vfio_type1_iommu_anonymous.none map: faulting + zeroing on demand"))
+                .collect::<Vec<_>>()
+        };
+        // The saved run: 14.6 ms on demand, 19.3 ms populated.
+        assert!(
+            flagged(&r).iter().any(|c| c.contains("(24% apart)")),
+            "{:#?}",
+            flagged(&r)
+        );
+        // Populating as fast as demand faulting: nothing to flag.
+        let populate = r
+            .cases
+            .iter_mut()
+            .find(|c| c.name == "vfio_type1_iommu_anonymous.populate")
+            .unwrap();
+        for p in populate.phases.iter_mut().filter(|p| p.name == Phase::Mmap) {
+            p.wall_ns.median = p.wall_ns.median * 146 / 193;
+        }
+        assert!(flagged(&r).is_empty(), "{:#?}", flagged(&r));
+    }
+
+    #[test]
+    fn a_category_without_its_probes_is_flagged_where_samples_see_it() {
+        let mut r = matrix();
+        let flagged = |r: &Report| {
+            checks(r)
+                .into_iter()
+                .filter(|c| c.contains("reads 0"))
+                .collect::<Vec<_>>()
+        };
+        // The saved run has one: vfio_iommu_map (inlined in 7.3) is the only iommu_map row that
+        // did not attach, and the populated iommufd map's exact iommu_map reads 0 against 8%.
+        assert_eq!(flagged(&r).len(), 1, "{:#?}", flagged(&r));
+        assert!(flagged(&r)[0].starts_with("iommufd_anonymous_hugetlb_2mb.populate map: exact iommu_map reads 0"));
+        // Zeroing's rows off, and its exact time gone with them, as on a kernel without them.
+        for p in r.probes.iter_mut().filter(|p| p.function == "folio_zero_user") {
+            p.attached = false;
+        }
+        for c in &mut r.cases {
+            for p in &mut c.phases {
+                p.exact.categories.remove(&Category::Zeroing);
+            }
+        }
+        let after = flagged(&r);
+        assert!(
+            after
+                .iter()
+                .any(|c| c.starts_with("vfio_type1_iommu_anonymous.none map: exact zeroing reads 0")),
+            "{after:#?}"
+        );
     }
 
     #[test]

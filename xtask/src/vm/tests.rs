@@ -15,6 +15,7 @@ use anyhow::{Result, bail};
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use serde_json::Value;
 
+mod direction;
 mod faults;
 mod soak;
 
@@ -63,7 +64,7 @@ struct VmTest {
 }
 
 /// Every VM test, in the order they run.
-const TESTS: [VmTest; 17] = [
+const TESTS: [VmTest; 18] = [
     VmTest {
         name: "boot_custom_doctor",
         kernel: KernelName::Custom,
@@ -135,6 +136,11 @@ const TESTS: [VmTest; 17] = [
         run: record_reference,
     },
     VmTest {
+        name: "kernels_compare_the_right_way",
+        kernel: KernelName::Custom,
+        run: direction::kernels_compare,
+    },
+    VmTest {
         name: "faults_survived",
         kernel: KernelName::Custom,
         run: faults::faults_survived,
@@ -171,6 +177,8 @@ struct Ctx<'a> {
     kernel: &'a kernel::Kernel,
     dmaprof: &'a Path,
     init: &'a Path,
+    /// The other kernels, for a test that compares two.
+    bed: &'a Bed,
 }
 
 fn prepare_kernel(name: KernelName) -> Result<kernel::Kernel> {
@@ -197,6 +205,7 @@ fn trials(tests: &'static [VmTest], bed: &Arc<Bed>) -> Vec<Trial> {
                     kernel,
                     dmaprof: &bed.dmaprof,
                     init: &bed.init,
+                    bed: &bed,
                 };
                 let started = Instant::now();
                 let outcome = (t.run)(&ctx);
