@@ -11,6 +11,8 @@ use crate::{
     category::{CATEGORIES, Category},
     explain,
     matrix::{self, Backing, DmaMode, Prefault},
+    probes::ProbeStatus,
+    recording::{Call, RecordReport},
     report::{CaseReport, PhaseReport, Report},
     size::HumanSize,
     table::ms,
@@ -335,7 +337,7 @@ fn top_category(p: &PhaseReport) -> String {
 pub fn index(report: &Report, svgs: SvgSource) -> String {
     let mut shared = SharedScripts::default();
     let mut body = header(report);
-    body += &kernel_and_probes(report);
+    body += &kernel_and_probes(&report.kernel, &report.probes);
     body += &findings(report);
     body += &heat_map(report);
     body += "<h2 id=\"cases\">Cases</h2>\n";
@@ -765,8 +767,7 @@ fn not_run(report: &Report) -> String {
 }
 
 /// The kernel's features and the probes: what attached and what did not, and why.
-fn kernel_and_probes(report: &Report) -> String {
-    let k = &report.kernel;
+fn kernel_and_probes(k: &crate::facts::KernelInfo, probe_status: &[ProbeStatus]) -> String {
     let with = |p: Option<bool>| {
         let v: Vec<&str> = k
             .features
@@ -795,11 +796,11 @@ fn kernel_and_probes(report: &Report) -> String {
         );
     }
     out += "</tbody></table></details>\n";
-    out + &probes(report)
+    out + &probes(probe_status)
 }
 
-fn probes(report: &Report) -> String {
-    let (on, off): (Vec<_>, Vec<_>) = report.probes.iter().partition(|p| p.attached);
+fn probes(status: &[ProbeStatus]) -> String {
+    let (on, off): (Vec<_>, Vec<_>) = status.iter().partition(|p| p.attached);
     let mut by: Vec<(String, usize)> = Vec::new();
     for p in &on {
         let m = p.mechanism.to_string();
@@ -835,6 +836,159 @@ fn probes(report: &Report) -> String {
         out += "</tbody></table></details>\n";
     }
     out
+}
+
+/// The categories of a recorded time, largest first, with what no probe saw as `other`.
+fn call_shares(
+    categories: Option<&std::collections::BTreeMap<Category, u64>>,
+    total_ns: u64,
+) -> Vec<(Category, f64, u64)> {
+    let Some(c) = categories else { return Vec::new() };
+    let seen: u64 = c.values().sum();
+    let mut out: Vec<(Category, f64, u64)> = c
+        .iter()
+        .map(|(cat, ns)| (*cat, *ns as f64 / total_ns.max(1) as f64, *ns))
+        .collect();
+    let rest = total_ns.saturating_sub(seen);
+    if rest > 0 {
+        match out.iter_mut().find(|s| s.0 == Category::Other) {
+            Some(o) => (o.1, o.2) = (o.1 + rest as f64 / total_ns as f64, o.2 + rest),
+            None => out.push((Category::Other, rest as f64 / total_ns as f64, rest)),
+        }
+    }
+    out.sort_by_key(|s| std::cmp::Reverse(s.2));
+    out
+}
+
+fn record_header(r: &RecordReport) -> String {
+    let what = match r.process.command.is_empty() {
+        true => format!("pids {:?}", r.process.pids),
+        false => r.process.command.join(" "),
+    };
+    let mut out = format!(
+        "<h1>dmaprof record: {}</h1>\n<p>Linux {}; recorded {:.3} s; {} DMA ioctls",
+        esc(&what),
+        esc(&r.kernel.release),
+        r.duration_ns as f64 / 1e9,
+        r.calls.len()
+    );
+    if let Some(f) = r.cpu_faults {
+        let _ = write!(out, "; {f} CPU page faults of the processes");
+    }
+    out += ".</p>\n";
+    if r.partial || r.lost > 0 || r.unaccounted > 0 {
+        let _ = writeln!(
+            out,
+            "<p class=\"warn\">{}{} calls lost (ring buffer full); {} probed calls unaccounted.</p>",
+            if r.partial { "Stopped early (partial). " } else { "" },
+            r.lost,
+            r.unaccounted
+        );
+    }
+    out
+}
+
+fn record_kinds(r: &RecordReport) -> String {
+    let widest = r.by_kind.iter().map(|k| k.total_ns).max().unwrap_or(1).max(1);
+    let mut out = String::from(
+        "<h2 id=\"kinds\">By ioctl</h2>\n<table class=\"data\"><thead><tr><th class=\"sort\">ioctl</th>\
+         <th class=\"n sort\">calls</th><th class=\"n sort\">failed</th><th class=\"n sort\">total ms</th>\
+         <th class=\"n sort\">median ms</th><th class=\"n sort\">max ms</th><th class=\"n sort\">MiB</th>\
+         <th style=\"width:40%\">where the time went</th></tr></thead><tbody>\n",
+    );
+    for k in &r.by_kind {
+        let _ = writeln!(
+            out,
+            "<tr><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\" data-v=\"{}\">{}</td>\
+             <td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{:.1}</td><td>{}</td></tr>",
+            k.kind,
+            k.count,
+            k.failed,
+            k.total_ns,
+            ms(k.total_ns),
+            ms(k.median_ns),
+            ms(k.max_ns),
+            k.bytes as f64 / (1u64 << 20) as f64,
+            stacked_bar(
+                &call_shares(k.categories.as_ref(), k.total_ns),
+                k.total_ns as f64 / widest as f64 * 100.0,
+                None
+            )
+        );
+    }
+    out + "</tbody></table>\n"
+}
+
+fn record_calls(r: &RecordReport) -> String {
+    let widest = r.top.iter().map(|c| c.duration_ns).max().unwrap_or(1).max(1);
+    let mut out = String::from(
+        "<h2 id=\"top\">Longest calls</h2>\n<table class=\"data\"><thead><tr><th class=\"n sort\">start ms</th>\
+         <th class=\"n sort\">tid</th><th class=\"sort\">ioctl</th><th>iova</th><th class=\"n sort\">MiB</th>\
+         <th class=\"n sort\">ms</th><th class=\"n\">ret</th><th style=\"width:36%\">where the time went</th>\
+         </tr></thead><tbody>\n",
+    );
+    for c in &r.top {
+        out += &call_row(c, widest);
+    }
+    out + "</tbody></table>\n"
+}
+
+fn call_row(c: &Call, widest: u64) -> String {
+    format!(
+        "<tr><td class=\"n\" data-v=\"{}\">{}</td><td class=\"n\">{}</td><td>{}</td><td>0x{:x}</td>\
+         <td class=\"n\">{:.1}</td><td class=\"n\" data-v=\"{}\">{}</td><td class=\"n\">{}</td><td>{}</td></tr>\n",
+        c.start_ns,
+        ms(c.start_ns),
+        c.tid,
+        c.kind,
+        c.iova,
+        c.size as f64 / (1u64 << 20) as f64,
+        c.duration_ns,
+        ms(c.duration_ns),
+        c.ret,
+        stacked_bar(
+            &call_shares(c.categories.as_ref(), c.duration_ns),
+            c.duration_ns as f64 / widest as f64 * 100.0,
+            None
+        )
+    )
+}
+
+fn record_functions(r: &RecordReport) -> String {
+    let mut out = String::from(
+        "<h2 id=\"functions\">Probed functions inside the calls</h2>\n<table class=\"data\"><thead><tr>\
+         <th class=\"sort\">function</th><th class=\"sort\">category</th><th class=\"n sort\">calls</th>\
+         <th class=\"n sort\">exclusive ms</th><th class=\"n sort\">inclusive ms</th></tr></thead><tbody>\n",
+    );
+    for row in &r.rows {
+        let _ = writeln!(
+            out,
+            "<tr><td>{}</td><td><span class=\"sw\" style=\"background:{}\"></span>{}</td><td class=\"n\">{}</td>\
+             <td class=\"n\" data-v=\"{}\">{}</td><td class=\"n\" data-v=\"{}\">{}</td></tr>",
+            esc(&row.function),
+            row.category.css_color(),
+            label(row.category),
+            row.calls,
+            row.exclusive_ns,
+            ms(row.exclusive_ns),
+            row.inclusive_ns,
+            ms(row.inclusive_ns)
+        );
+    }
+    out + "</tbody></table>\n"
+}
+
+/// The HTML page of a `record` report: the ioctls by kind, the longest calls, each with where
+/// its time went, and the probed functions.
+pub fn record_index(r: &RecordReport) -> String {
+    let mut body = record_header(r);
+    body += &category_legend();
+    body += &record_kinds(r);
+    body += &record_calls(r);
+    body += &record_functions(r);
+    body += &kernel_and_probes(&r.kernel, &r.probes);
+    let title = format!("dmaprof record: {} DMA ioctls", r.calls.len());
+    page(&title, &body, &SharedScripts::default())
 }
 
 #[cfg(test)]

@@ -198,6 +198,7 @@ impl Recorder {
         report.calls = raw.iter().filter_map(|r| Call::of(r, origin, exact)).collect();
         recording::summarise(&mut report);
         output::write_report(&self.out.path, &report)?;
+        output::write_atomic(&self.out.path.join(output::INDEX), &crate::html::record_index(&report))?;
         Ok(report)
     }
 

@@ -1250,6 +1250,12 @@ fn record_follows_a_command_and_its_children() {
     let shown = dmaprof().arg("report").arg(dir.join("report.json")).output().unwrap();
     ok(&shown);
     assert!(String::from_utf8_lossy(&shown.stdout).contains("VFIO_IOMMU_UNMAP_DMA"));
+    // The recording's page: a row per ioctl kind and per call among the longest.
+    let html = fs::read_to_string(dir.join("index.html")).unwrap();
+    for needle in ["By ioctl", "Longest calls", "<td>IOMMU_IOAS_MAP</td>", "0x200000000"] {
+        assert!(html.contains(needle), "index.html lacks {needle}");
+    }
+    assert_eq!(html.matches("<td>VFIO_IOMMU_MAP_DMA</td>").count(), 4, "a kind row and 3 calls");
     let csv = dmaprof()
         .args(["report", "--csv"])
         .arg(dir.join("report.json"))
