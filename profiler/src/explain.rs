@@ -12,9 +12,17 @@ use crate::{
     category::{CATEGORIES, Category},
     facts::FeatureId,
     matrix::{DmaMode, Prefault},
+    recording::{KindSummary, RecordReport},
     report::{CaseReport, PhaseReport, Report, Shape},
     workload::Phase,
 };
+
+/// Why unmap time goes to IOVA lookups (a run's and a recording's finding).
+const WHY_IOVA_WALK: &str = "the unmap finds the physical pages to unpin by walking the IOMMU page table one 4 KiB \
+                             IOVA at a time (iommu_iova_to_phys), whatever the page size";
+/// What would remove it.
+const FIX_IOVA_WALK: &str = "no backing avoids it; it takes a kernel change that reads the mapped size back from \
+                             the page table (or keeps the pinned pages) instead of walking every 4 KiB";
 
 /// How many findings of one rule the text tells in full (the rest are listed by case).
 const FULL_PER_RULE: usize = 3;
@@ -493,13 +501,9 @@ fn unmap_iova_walk(_: &Report, case: &CaseReport) -> Option<Fired> {
             share(unmap, &cats) * 100.0,
             per_page(case, ns)
         ),
-        why: "the unmap finds the physical pages to unpin by walking the IOMMU page table one 4 KiB IOVA at a \
-              time (iommu_iova_to_phys), whatever the page size"
-            .into(),
+        why: WHY_IOVA_WALK.into(),
         evidence: format!("{} of a {} unmap", ms(ns), ms(unmap.wall_ns.median)),
-        fix: "no backing avoids it; it takes a kernel change that reads the mapped size back from the page \
-              table (or keeps the pinned pages) instead of walking every 4 KiB"
-            .into(),
+        fix: FIX_IOVA_WALK.into(),
     })
 }
 
@@ -673,6 +677,147 @@ pub fn render(e: &Explanation) -> String {
         }
     }
     out
+}
+
+/// One rule over a recording: a condition over one ioctl kind's summed calls.
+struct RecordRule {
+    id: &'static str,
+    fires: fn(&RecordReport, &KindSummary) -> Option<Fired>,
+}
+
+/// The rules that apply to a recording (`dmaprof record`): the same mechanisms as a run's,
+/// read from the calls of another process.
+const RECORD_RULES: &[RecordRule] = &[
+    RecordRule {
+        id: "demand_faults_in_map",
+        fires: recorded_demand_faults,
+    },
+    RecordRule {
+        id: "small_iommu_pages",
+        fires: recorded_small_iommu_pages,
+    },
+    RecordRule {
+        id: "unmap_iova_walk",
+        fires: recorded_iova_walk,
+    },
+];
+
+/// What `cats` take of a kind's calls, and that as a share of their time.
+fn kind_ns(k: &KindSummary, cats: &[Category]) -> (u64, f64) {
+    let ns: u64 = cats.iter().filter_map(|c| k.categories.as_ref()?.get(c)).sum();
+    (ns, ns as f64 / k.total_ns.max(1) as f64)
+}
+
+fn recorded_demand_faults(r: &RecordReport, k: &KindSummary) -> Option<Fired> {
+    let (ns, share) = kind_ns(k, &[Category::Faulting, Category::Zeroing]);
+    if !k.kind.maps() || share < 0.3 {
+        return None;
+    }
+    let mut evidence = format!(
+        "{} of {} in {} calls mapping {:.0} MiB ({:.0} ns per 4 KiB page)",
+        ms(ns),
+        ms(k.total_ns),
+        k.count,
+        k.bytes as f64 / (1u64 << 20) as f64,
+        ns as f64 / (k.bytes / PAGE).max(1) as f64
+    );
+    if let Some(f) = r.cpu_faults {
+        let _ = write!(evidence, "; {f} CPU page faults outside the maps");
+    }
+    Some(Fired {
+        phase: Phase::Map,
+        ns,
+        what: format!("faulting and zeroing are {:.0}% of the {} calls", share * 100.0, k.kind),
+        why: "the memory was not populated before it was mapped, so pinning faults in, allocates and zeroes \
+              every page inside the map ioctl"
+            .into(),
+        evidence,
+        fix: "populate before mapping: for QEMU, `prealloc=on` on the memory backend (or -mem-prealloc); in \
+              your own code MAP_POPULATE or MADV_POPULATE_WRITE; hugetlb backing makes fewer, larger faults"
+            .into(),
+    })
+}
+
+fn recorded_small_iommu_pages(r: &RecordReport, k: &KindSummary) -> Option<Fired> {
+    let named = |f: &str| r.rows.iter().find(|row| row.function == f);
+    let row = named("iommu_map_nosync").or_else(|| named("iommu_map"))?;
+    let per_call = k.bytes / row.calls.max(1);
+    if !k.kind.maps() || row.calls < 1024 || per_call > 2 * PAGE {
+        return None;
+    }
+    let (ns, _) = kind_ns(k, &[Category::IommuMap, Category::IommuFlush]);
+    Some(Fired {
+        phase: Phase::Map,
+        ns,
+        what: format!("the IOMMU is programmed {per_call} bytes at a time"),
+        why: "the pinned pages are not physically contiguous (4 KiB pages), or the container disables large \
+              IOMMU pages (VFIO_TYPE1_IOMMU on iommufd), so every page is its own iommu_map call"
+            .into(),
+        evidence: format!(
+            "{} {} calls for {:.0} MiB mapped by {} {} calls; IOMMU programming {}",
+            row.calls,
+            row.function,
+            k.bytes as f64 / (1u64 << 20) as f64,
+            k.count,
+            k.kind,
+            ms(ns)
+        ),
+        fix: "back the memory with hugetlb (or THP) pages, and use VFIO_TYPE1v2_IOMMU or native iommufd".into(),
+    })
+}
+
+fn recorded_iova_walk(_: &RecordReport, k: &KindSummary) -> Option<Fired> {
+    let (ns, share) = kind_ns(k, &[Category::IommuLookup]);
+    if k.kind.maps() || share < 0.4 || k.total_ns < 1_000_000 {
+        return None;
+    }
+    Some(Fired {
+        phase: Phase::Unmap,
+        ns,
+        what: format!("looking up IOVAs is {:.0}% of the {} calls", share * 100.0, k.kind),
+        why: WHY_IOVA_WALK.into(),
+        evidence: format!("{} of {} in {} calls", ms(ns), ms(k.total_ns), k.count),
+        fix: FIX_IOVA_WALK.into(),
+    })
+}
+
+/// The findings of a saved report: a run's, or a recording's.
+pub fn explain_file(path: &std::path::Path) -> Result<Explanation, crate::report::ReadError> {
+    match crate::recording::read(path) {
+        Some(r) => Ok(explain_recording(&r?)),
+        None => Ok(explain(&crate::report::read(path)?)),
+    }
+}
+
+/// Findings for a recording: the record rules on each ioctl kind, ranked by time at stake.
+pub fn explain_recording(r: &RecordReport) -> Explanation {
+    let mut findings: Vec<Finding> = r
+        .by_kind
+        .iter()
+        .flat_map(|k| {
+            RECORD_RULES.iter().filter_map(move |rule| {
+                (rule.fires)(r, k).map(|f| Finding {
+                    rule: rule.id,
+                    case: format!("{} calls", k.kind),
+                    phase: f.phase,
+                    ns: f.ns,
+                    what: f.what,
+                    why: f.why,
+                    evidence: f.evidence,
+                    fix: f.fix,
+                })
+            })
+        })
+        .collect();
+    findings.sort_by_key(|f| std::cmp::Reverse(f.ns));
+    let mut checks = Vec::new();
+    if r.lost > 0 || r.unaccounted > 0 {
+        checks.push(format!(
+            "{} calls lost and {} probed calls unaccounted: the sums undercount",
+            r.lost, r.unaccounted
+        ));
+    }
+    Explanation { findings, checks }
 }
 
 #[cfg(test)]
@@ -851,6 +996,37 @@ mod tests {
                 .any(|c| c.starts_with("vfio_type1_iommu_anonymous.none map: exact zeroing reads 0")),
             "{after:#?}"
         );
+    }
+
+    #[test]
+    fn a_real_recording_is_explained_by_its_calls() {
+        let r: RecordReport = serde_json::from_str(include_str!("../tests/data/record-7.3.json")).unwrap();
+        let e = explain_recording(&r);
+        let ids: Vec<(&str, &str)> = e.findings.iter().map(|f| (f.rule, f.case.as_str())).collect();
+        // The C reference's 4 maps of 32 MiB of demand-faulted THP memory, and their unmaps.
+        assert_eq!(
+            ids,
+            [
+                ("demand_faults_in_map", "VFIO_IOMMU_MAP_DMA calls"),
+                ("unmap_iova_walk", "VFIO_IOMMU_UNMAP_DMA calls")
+            ]
+        );
+        assert!(
+            e.findings[0]
+                .evidence
+                .starts_with("38.9 ms of 48.9 ms in 4 calls mapping 128 MiB")
+        );
+        assert!(e.findings[0].fix.contains("prealloc=on"));
+        // 38 iommu_map calls for 128 MiB: large IOMMU pages, nothing to say about page size.
+        assert!(!e.findings.iter().any(|f| f.rule == "small_iommu_pages"));
+        // The same calls made one 4 KiB page at a time.
+        let mut small = r.clone();
+        for row in small.rows.iter_mut().filter(|row| row.function == "iommu_map_nosync") {
+            row.calls = 32768;
+        }
+        let e = explain_recording(&small);
+        let f = e.findings.iter().find(|f| f.rule == "small_iommu_pages").unwrap();
+        assert_eq!(f.what, "the IOMMU is programmed 4096 bytes at a time");
     }
 
     #[test]

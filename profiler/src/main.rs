@@ -88,11 +88,11 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
         Command::Explain {
             report: path,
             json: as_json,
-        } => report::read(&path).map_err(Into::into).map(|r| {
-            let e = explain::explain(&r);
+        } => {
+            let e = explain::explain_file(&path)?;
             out(&if as_json { export::json(&e) } else { explain::render(&e) });
-            ExitCode::SUCCESS
-        }),
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Diff {
             before,
             after,

@@ -1250,12 +1250,24 @@ fn record_follows_a_command_and_its_children() {
     let shown = dmaprof().arg("report").arg(dir.join("report.json")).output().unwrap();
     ok(&shown);
     assert!(String::from_utf8_lossy(&shown.stdout).contains("VFIO_IOMMU_UNMAP_DMA"));
+    recording_outputs(&dir);
+    let left = dmaprof().args(["doctor", "--leftovers"]).output().unwrap();
+    assert!(left.status.success(), "{}", String::from_utf8_lossy(&left.stdout));
+    let _ = fs::remove_dir_all(&dir);
+}
+
+/// What a saved recording of FAKE_MAPS gives: its page, CSV, a self-diff and `explain`.
+fn recording_outputs(dir: &Path) {
     // The recording's page: a row per ioctl kind and per call among the longest.
     let html = fs::read_to_string(dir.join("index.html")).unwrap();
     for needle in ["By ioctl", "Longest calls", "<td>IOMMU_IOAS_MAP</td>", "0x200000000"] {
         assert!(html.contains(needle), "index.html lacks {needle}");
     }
-    assert_eq!(html.matches("<td>VFIO_IOMMU_MAP_DMA</td>").count(), 4, "a kind row and 3 calls");
+    assert_eq!(
+        html.matches("<td>VFIO_IOMMU_MAP_DMA</td>").count(),
+        4,
+        "a kind row and 3 calls"
+    );
     let csv = dmaprof()
         .args(["report", "--csv"])
         .arg(dir.join("report.json"))
@@ -1275,9 +1287,10 @@ fn record_follows_a_command_and_its_children() {
         .unwrap();
     ok(&diff);
     assert!(String::from_utf8_lossy(&diff.stdout).contains("3 -> 3"));
-    let left = dmaprof().args(["doctor", "--leftovers"]).output().unwrap();
-    assert!(left.status.success(), "{}", String::from_utf8_lossy(&left.stdout));
-    let _ = fs::remove_dir_all(&dir);
+    // Failed calls have no categories to explain.
+    let explained = dmaprof().arg("explain").arg(dir.join("report.json")).output().unwrap();
+    ok(&explained);
+    assert!(String::from_utf8_lossy(&explained.stdout).contains("nothing stands out"));
 }
 
 /// A missing process is one line and exit 2 with nothing created; -p and a command together,

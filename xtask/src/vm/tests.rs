@@ -1633,7 +1633,36 @@ fn record_reference(c: &Ctx) -> Outcome {
         .collect();
     let reference = record_checks(&r, &printed)?;
     let run = record_run_checks(&dir)?;
-    Ok(format!("{reference}; {run}"))
+    let explained = recording_explained(c, &dir)?;
+    Ok(format!("{reference}; {run}; {explained}"))
+}
+
+/// `dmaprof explain` on the C reference's recording names its demand faults and the unmap's
+/// IOVA walk, with evidence from the calls.
+fn recording_explained(c: &Ctx, dir: &Path) -> Outcome {
+    let out = std::process::Command::new(c.dmaprof)
+        .args(["explain", "--json"])
+        .arg(dir.join("record.json"))
+        .output()
+        .map_err(|e| format!("dmaprof explain: {e}"))?;
+    let e: Value = serde_json::from_slice(&out.stdout).map_err(|e| {
+        format!(
+            "explain --json of a recording: {e}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })?;
+    let rules: Vec<&str> = e["findings"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|f| f["rule"].as_str())
+        .collect();
+    match rules.contains(&"demand_faults_in_map") && rules.contains(&"unmap_iova_walk") {
+        true => Ok(format!("explain: {rules:?}")),
+        false => Err(format!(
+            "explain of the recording fired {rules:?}, want demand_faults_in_map and unmap_iova_walk"
+        )),
+    }
 }
 
 /// `record -- dmaprof run --no-trace`, and `record -p` on one started beside it: the run's map
