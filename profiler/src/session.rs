@@ -273,11 +273,7 @@ impl Session {
             demotion,
         } = match result {
             Ok(r) => r,
-            Err(CaseError::Skip(reason)) => {
-                eprintln!("dmaprof: skipping {name}: {reason}");
-                report.skipped.push(Skipped { name, reason });
-                return Ok(false);
-            }
+            Err(CaseError::Skip(reason)) => return Ok(skip(report, name, reason)),
             Err(CaseError::Fail(error)) => {
                 eprintln!("dmaprof: {name} failed: {error}");
                 report.failed.push(Failed {
@@ -297,6 +293,10 @@ impl Session {
             ),
             None => (Drained::default(), Vec::new()),
         };
+        // Drained above all the same: the next case's slots start empty.
+        if let Some(e @ WorkloadError::HugepagesTaken { .. }) = &failure {
+            return Ok(skip(report, name, e.to_string()));
+        }
         if !runs.is_empty() {
             let workload = Workload {
                 case: *case,
@@ -528,6 +528,13 @@ impl Session {
         }
         Ok(Some(ctx))
     }
+}
+
+/// A case that did not run, said on stderr and in the report; the run goes on (false).
+fn skip(report: &mut Report, name: String, reason: String) -> bool {
+    eprintln!("dmaprof: skipping {name}: {reason}");
+    report.skipped.push(Skipped { name, reason });
+    false
 }
 
 /// What grew in the locked/pinned counters since `before`, each said on stderr.

@@ -50,6 +50,19 @@ pub enum WorkloadError {
     /// Ctrl-C or another stop signal arrived.
     #[error("interrupted")]
     Interrupted,
+    /// A hugetlb mmap found no free hugepages: another process took the ones reserved for the
+    /// case (they are free between iterations).
+    #[error(
+        "no free {size_kb} KiB hugepage for the mmap ({free} free of {total}): another process took the pages reserved for this case"
+    )]
+    HugepagesTaken {
+        /// The pool's page size.
+        size_kb: u64,
+        /// free_hugepages when the mmap failed.
+        free: u64,
+        /// nr_hugepages.
+        total: u64,
+    },
     /// The kernel asked for the DMA device back (it is being unbound or removed).
     #[error(
         "device {bdf} is going away: the kernel asked for it back (unbound from vfio-pci or removed) while this case used it"
@@ -197,7 +210,7 @@ impl Iteration<'_> {
             // SAFETY: a fresh mapping at a kernel-chosen address; the result is checked.
             let addr = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, fd, 0) };
             if addr == libc::MAP_FAILED {
-                return Err(last_error("mmap"));
+                return Err(mmap_error(backing));
             }
             buf.addr = Some((addr, len));
             if let Some(advice) = advice {
@@ -261,6 +274,23 @@ impl Iteration<'_> {
             }
             Ok(())
         })
+    }
+}
+
+/// Why mmap failed: for a hugetlb backing, ENOMEM means the pool had no free page left.
+fn mmap_error(backing: crate::matrix::Backing) -> WorkloadError {
+    let e = last_error("mmap");
+    let enomem = matches!(&e, WorkloadError::Syscall { source, .. } if source.raw_os_error() == Some(libc::ENOMEM));
+    let pool = backing
+        .hugetlb_kb()
+        .and_then(|kb| crate::hugepages::pools().into_iter().find(|p| p.size_kb == kb));
+    match pool {
+        Some(p) if enomem => WorkloadError::HugepagesTaken {
+            size_kb: p.size_kb,
+            free: p.free,
+            total: p.total,
+        },
+        _ => e,
     }
 }
 

@@ -1184,6 +1184,85 @@ fn hugepages_taken_by_another_holder_stay_theirs() {
     assert_eq!(free_after, Some(free), "the holder's pages are still in use");
 }
 
+/// Maps `pages` 2 MiB hugepages populated, retrying while none are free, until `running`
+/// says stop; the mapping, if it got one.
+fn take_hugepages(pages: usize, running: &dyn Fn() -> bool) -> Option<*mut libc::c_void> {
+    let len = pages * (2 << 20);
+    while running() {
+        // SAFETY: an anonymous private mapping with no address hint; checked for MAP_FAILED.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB | libc::MAP_POPULATE,
+                -1,
+                0,
+            )
+        };
+        if ptr != libc::MAP_FAILED {
+            return Some(ptr);
+        }
+    }
+    None
+}
+
+/// Another process takes the hugepages dmaprof reserved while they are free between two
+/// iterations: the next mmap finds none, and the case is skipped saying so (not failed), the
+/// pool restored.
+#[test]
+fn hugepages_taken_mid_case_skip_it() {
+    let _serial = serial();
+    if !can_run("hugepages_taken_mid_case_skip_it") {
+        return;
+    }
+    let Some(before) = nr_hugepages(2048) else {
+        eprintln!("SKIPPED hugepages_taken_mid_case_skip_it: kernel has no 2 MiB hugetlb pool");
+        return;
+    };
+    let dir = tmpdir("taken-mid-case");
+    let child = dmaprof()
+        .args([
+            "run",
+            "-b",
+            "16M",
+            "-v",
+            "none_anonymous_hugetlb_2mb.populate",
+            "-n",
+            "1000",
+            "--no-trace",
+            "-o",
+        ])
+        .arg(&dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let alive = || fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "));
+    let taken = take_hugepages(8, &alive);
+    let out = child.wait_with_output().unwrap();
+    if let Some(ptr) = taken {
+        // SAFETY: the mapping take_hugepages made, of this length.
+        unsafe { libc::munmap(ptr, 8 * (2 << 20)) };
+    }
+    // dmaprof lowered the pool while the taken pages were in use (surplus): released, they go.
+    let after = nr_hugepages(2048);
+    set_nr_hugepages(2048, before);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(taken.is_some(), "never caught the pages free between iterations: {err}");
+    assert_eq!(out.status.code(), Some(4), "the only case skipped: {err}");
+    let r: Value = serde_json::from_str(&fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
+    let reason = r["skipped"][0]["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("another process took the pages reserved for this case"),
+        "{r}"
+    );
+    assert!(r["failed"].as_array().is_none_or(Vec::is_empty), "{r}");
+    assert_eq!(after, Some(before), "the pool is back to what it was");
+    let _ = fs::remove_dir_all(&dir);
+}
+
 /// A perl one-liner making `ioctl`s with the DMA request numbers on /dev/null (ENOTTY, but
 /// the syscalls happen): 3 VFIO_IOMMU_MAP_DMA of 4, 8 and 12 KiB, one VFIO_IOMMU_UNMAP_DMA,
 /// then a forked child's IOMMU_IOAS_MAP of 64 KiB at 8 GiB. perl is Essential in Debian.
