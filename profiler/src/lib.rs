@@ -45,6 +45,7 @@ pub mod record;
 pub mod recording;
 pub mod report;
 pub mod session;
+pub mod significance;
 pub mod size;
 pub mod stop;
 pub mod sweep;

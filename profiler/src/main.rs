@@ -58,10 +58,7 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             out(&leftovers::render_as(&l, as_json));
             Ok(ExitCode::from(u8::from(!l.is_empty())))
         }
-        Command::Doctor {
-            json: as_json,
-            leftovers: false,
-        } => {
+        Command::Doctor { json: as_json, .. } => {
             let d = doctor::probe_host();
             out(&if as_json { export::json(&d) } else { doctor::render(&d) });
             Ok(ExitCode::SUCCESS)
@@ -97,12 +94,13 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             before,
             after,
             json: as_json,
-            fail_above: None,
+            fail_above,
+            phase: None,
             ..
         } if let Some(d) = recording::diff_saved(&before, &after) => {
             let d = d?;
             out(&recording::render_diff_as(&d, as_json));
-            Ok(ExitCode::SUCCESS)
+            Ok(ExitCode::from(diff::gate_exit(&recording::gate(&d, fail_above))))
         }
         Command::Diff {
             before,
@@ -115,9 +113,7 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             .map_err(Into::into)
             .map(|(d, text)| {
                 out(&if as_json { export::json(&d) } else { text });
-                let slower = diff::gate(&d, fail_above, phase);
-                slower.iter().for_each(|line| eprintln!("dmaprof: {line}"));
-                ExitCode::from(u8::from(!slower.is_empty()))
+                ExitCode::from(diff::gate_exit(&diff::gate(&d, fail_above, phase)))
             }),
         Command::Run(args) => run_command(&args),
         Command::Record(args) => {

@@ -320,6 +320,13 @@ pub struct KindDiff {
     pub after: Option<KindSummary>,
     /// after / before of the median duration (None when one side is missing or zero).
     pub median_ratio: Option<f64>,
+    /// Whether the calls' durations changed beyond both recordings' spread (the rule `diff`
+    /// uses for runs, over the successful calls of this kind).
+    #[serde(default)]
+    pub significant: bool,
+    /// Why not, when not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub noise: Option<String>,
 }
 
 /// Two recordings compared kind by kind (`dmaprof diff` of two `record` reports).
@@ -327,6 +334,34 @@ pub struct KindDiff {
 pub struct RecordDiff {
     /// Per ioctl kind either recording made.
     pub kinds: Vec<KindDiff>,
+}
+
+/// The durations of a recording's successful calls of `kind`.
+fn durations(r: &RecordReport, kind: DmaIoctl) -> crate::report::Stats {
+    crate::report::Stats::of(
+        r.calls
+            .iter()
+            .filter(|c| c.kind == kind && c.ret >= 0)
+            .map(|c| c.duration_ns)
+            .collect(),
+    )
+}
+
+/// The regression gate for recordings (`diff --fail-above PCT`): a line for each ioctl kind
+/// whose calls got significantly slower by more than PCT.
+pub fn gate(d: &RecordDiff, fail_above: Option<f64>) -> Vec<String> {
+    let Some(pct) = fail_above else { return Vec::new() };
+    d.kinds
+        .iter()
+        .filter(|k| k.significant && k.median_ratio.is_some_and(|r| (r - 1.0) * 100.0 > pct))
+        .map(|k| {
+            format!(
+                "regression: {} calls x{:.2}, above {pct}%",
+                k.kind,
+                k.median_ratio.unwrap_or(0.0)
+            )
+        })
+        .collect()
 }
 
 /// Compares `before` and `after` kind by kind.
@@ -343,11 +378,14 @@ pub fn diff(before: &RecordReport, after: &RecordReport) -> RecordDiff {
                 (Some(b), Some(a)) if b.median_ns > 0 => Some(a.median_ns as f64 / b.median_ns as f64),
                 _ => None,
             };
+            let change = crate::significance::significance(&durations(before, kind), &durations(after, kind));
             KindDiff {
                 kind,
                 before: b,
                 after: a,
                 median_ratio,
+                significant: change.is_ok(),
+                noise: change.err().map(|n| n.to_string()),
             }
         })
         .collect();
@@ -375,12 +413,15 @@ pub fn render_diff(d: &RecordDiff) -> String {
             k.kind.to_string(),
             pair(|s| s.count.to_string()),
             pair(|s| ms(s.median_ns)),
-            k.median_ratio.map_or("-".to_owned(), |r| format!("x{r:.2}")),
+            k.median_ratio.map_or("-".to_owned(), |r| format!(
+                "x{r:.2}{}",
+                if k.significant { "*" } else { "" }
+            )),
             pair(|s| ms(s.total_ns)),
             pair(|s| mib(s.bytes)),
         );
     }
-    out
+    out + "  (* the change is outside both recordings' spread)\n"
 }
 
 /// A recording diff as JSON, or as its table.
@@ -523,6 +564,24 @@ pub fn render(r: &RecordReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_recording_diff_marks_only_changes_beyond_the_spread() {
+        let r: RecordReport = serde_json::from_str(include_str!("../tests/data/record-7.3.json")).unwrap();
+        let same = diff(&r, &r);
+        assert!(same.kinds.iter().all(|k| !k.significant), "{same:?}");
+        assert!(gate(&same, Some(10.0)).is_empty());
+        let mut slower = r.clone();
+        for c in slower.calls.iter_mut().filter(|c| c.kind == DmaIoctl::VfioMapDma) {
+            c.duration_ns += 50_000_000;
+        }
+        slower.by_kind = by_kind(&slower.calls);
+        let d = diff(&r, &slower);
+        let map = d.kinds.iter().find(|k| k.kind == DmaIoctl::VfioMapDma).unwrap();
+        assert!(map.significant, "{map:?}");
+        assert_eq!(gate(&d, Some(10.0)).len(), 1);
+        assert!(render_diff(&d).contains(&format!("x{:.2}*", map.median_ratio.unwrap())));
+    }
     use crate::loader::category_index;
 
     fn raw(cmd: DmaIoctl, start: u64, dur: u64, size: u64, ret: i64) -> DmaCall {

@@ -1,0 +1,47 @@
+//! When a change between two sets of timings is a change and not noise: the rule `diff` uses
+//! for runs and for recordings.
+/// Changes smaller than this are never significant, whatever the spread: timer and scheduling
+/// noise on a phase of microseconds is not a kernel change.
+pub const MIN_CHANGE_NS: u64 = 20_000;
+
+/// Why a change between two runs is noise, not a change (see [`significance`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Noise {
+    /// A run has fewer than two iterations.
+    #[error("fewer than 2 iterations: no spread to compare (-n 3 or more)")]
+    TooFewIterations,
+    /// The medians differ by less than [`MIN_CHANGE_NS`].
+    #[error("change under {} us", MIN_CHANGE_NS / 1000)]
+    TooSmall,
+    /// Some iteration of one run is as fast as some iteration of the other.
+    #[error("the two runs' ranges overlap")]
+    RangesOverlap,
+    /// The medians differ by less than one run's own range.
+    #[error("the change is within one run's own spread")]
+    WithinSpread,
+}
+
+/// Whether a phase changed: every iteration of one run is slower than every iteration of the
+/// other (the ranges do not overlap), the medians differ by more than either run's own range,
+/// and by at least [`MIN_CHANGE_NS`]. The second rule is there because two runs are two
+/// processes on different physical pages: the spread between runs is larger than the spread
+/// within one (two runs of the same case in the guest differed by 14% on a 2 ms unmap with
+/// ranges that just failed to overlap). With fewer than two iterations in either run nothing
+/// can be said. Returns why it is noise when it is.
+pub fn significance(before: &crate::report::Stats, after: &crate::report::Stats) -> Result<(), Noise> {
+    if before.runs.len() < 2 || after.runs.len() < 2 {
+        return Err(Noise::TooFewIterations);
+    }
+    let shift = before.median.abs_diff(after.median);
+    if shift < MIN_CHANGE_NS {
+        return Err(Noise::TooSmall);
+    }
+    if !(after.min > before.max || after.max < before.min) {
+        return Err(Noise::RangesOverlap);
+    }
+    let spread = (before.max - before.min).max(after.max - after.min);
+    if shift <= spread {
+        return Err(Noise::WithinSpread);
+    }
+    Ok(())
+}
