@@ -120,9 +120,17 @@ fn counters(phase: u32) -> Option<&'static mut PhaseCounters> {
 
 #[perf_event]
 pub fn sample_stack(ctx: PerfEventContext) -> u32 {
-    let Some(phase) = recording_phase() else {
+    let Some(mut phase) = recording_phase() else {
         return 0;
     };
+    // Watching processes: a sample outside a DMA ioctl of its thread goes to the next slot.
+    // SAFETY: only the key's presence is read.
+    if by_process() && unsafe { THREAD_CALLS.get(bpf_get_current_pid_tgid() as u32) }.is_none() {
+        phase += 1;
+        if phase >= MAX_PHASES {
+            return 0;
+        }
+    }
     let Some(c) = counters(phase) else {
         return 0;
     };

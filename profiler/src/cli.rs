@@ -276,9 +276,17 @@ pub struct RecordArgs {
     /// Print report.json on stdout instead of the tables.
     #[arg(long)]
     pub json: bool,
-    /// Probe mechanisms for the exact breakdown (sampling is not available to `record`).
-    #[arg(long = "probes", value_delimiter = ',', default_value = "tracepoints,fentry,kprobes")]
+    /// Probe mechanisms: the exact breakdown per call, and stack sampling on every CPU (the
+    /// watched processes' samples are kept, inside and outside their DMA ioctls).
+    #[arg(
+        long = "probes",
+        value_delimiter = ',',
+        default_value = "samples,tracepoints,fentry,kprobes"
+    )]
     pub mechanisms: Vec<Mechanism>,
+    /// Stack sampling frequency per CPU, in Hz.
+    #[arg(long = "freq", default_value_t = 999, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub freq_hz: u64,
     /// The command to start and record (after `--`).
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -296,6 +304,7 @@ impl RecordArgs {
                 .clone()
                 .unwrap_or_else(|| PathBuf::from("dmaprof-out").join(format!("record-{}", sys::timestamp()))),
             mechanisms: dedup(&self.mechanisms),
+            freq_hz: self.freq_hz,
         }
     }
 }

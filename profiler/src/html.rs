@@ -980,15 +980,48 @@ fn record_functions(r: &RecordReport) -> String {
 
 /// The HTML page of a `record` report: the ioctls by kind, the longest calls, each with where
 /// its time went, and the probed functions.
-pub fn record_index(r: &RecordReport) -> String {
+pub fn record_index(r: &RecordReport, svgs: SvgSource) -> String {
+    let mut shared = SharedScripts::default();
     let mut body = record_header(r);
     body += &category_legend();
     body += &record_kinds(r);
     body += &record_calls(r);
+    body += &record_sampled(r, svgs, &mut shared);
     body += &record_functions(r);
     body += &kernel_and_probes(&r.kernel, &r.probes);
     let title = format!("dmaprof record: {} DMA ioctls", r.calls.len());
-    page(&title, &body, &SharedScripts::default())
+    page(&title, &body, &shared)
+}
+
+/// The sampled shares inside and outside the DMA ioctls, each with its flamegraph.
+fn record_sampled(r: &RecordReport, svgs: SvgSource, shared: &mut SharedScripts) -> String {
+    let Some(s) = &r.sampled else {
+        return String::new();
+    };
+    let mut out = format!(
+        "<h2 id=\"sampled\">Sampled stacks</h2>\n<p class=\"note\">{} Hz on every CPU; the watched processes' \
+         samples, split by whether their thread was inside a DMA ioctl.</p>\n<details class=\"flamegraphs\" open>\
+         <summary>Flamegraphs</summary>\n",
+        s.freq_hz
+    );
+    for (what, stem, x) in [
+        ("inside the DMA ioctls", "in_calls", &s.in_calls),
+        ("outside them", "outside", &s.outside),
+    ] {
+        // The CPU time a share stands for: samples over the frequency.
+        let cpu_ns = |v: f64| (v * x.samples as f64 / s.freq_hz.max(1) as f64 * 1e9) as u64;
+        let shares: Vec<(Category, f64, u64)> = x.categories.iter().map(|(c, v)| (*c, *v, cpu_ns(*v))).collect();
+        let _ = write!(
+            out,
+            "<div class=\"phase\"><span>{what}</span><span class=\"n\">{} samples</span>{}</div>",
+            x.samples,
+            stacked_bar(&shares, 100.0, None)
+        );
+        let rel = format!("{stem}.svg");
+        let (fig, _) = flamegraph(what, (x.samples > 0).then_some(rel.as_str()), svgs, shared);
+        out += &fig;
+    }
+    out + "</details>\n"
 }
 
 #[cfg(test)]

@@ -415,7 +415,27 @@ impl<'e> Attacher<'e> {
         program::<PerfEvent>(self.ebpf, abi::programs::SAMPLE_STACK)?
             .load()
             .map_err(|e| load_error("perf_event", &e))?;
-        self.hook(Group::Sampler, Target::Sampler { tid, freq_hz })
+        let on = SampleOn::Thread(tid);
+        self.hook(Group::Sampler, Target::Sampler { on, freq_hz })
+    }
+
+    /// Loads the sampler and attaches it to every online CPU's clock at `freq_hz`: watched
+    /// processes have threads that come and go, so the program picks their samples itself.
+    pub fn sampler_all_cpus(&mut self, freq_hz: u64) -> Result<(), AttachError> {
+        program::<PerfEvent>(self.ebpf, abi::programs::SAMPLE_STACK)?
+            .load()
+            .map_err(|e| load_error("perf_event", &e))?;
+        let cpus = aya::util::online_cpus().map_err(|(what, e)| AttachError::Unavailable(format!("{what}: {e}")))?;
+        for cpu in cpus {
+            self.hook(
+                Group::Sampler,
+                Target::Sampler {
+                    on: SampleOn::Cpu(cpu),
+                    freq_hz,
+                },
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -429,13 +449,22 @@ enum Target {
     Fentry(u32, String),
     /// A raw tracepoint program and its event.
     Tracepoint(&'static str, &'static str),
-    /// The sampler on a thread's CPU clock.
+    /// The sampler on a CPU clock.
     Sampler {
-        /// Thread.
-        tid: u32,
+        /// Whose clock.
+        on: SampleOn,
         /// Frequency.
         freq_hz: u64,
     },
+}
+
+/// Whose CPU clock the sampler counts.
+#[derive(Clone, Copy, Debug)]
+enum SampleOn {
+    /// One thread's, wherever it runs.
+    Thread(u32),
+    /// Everything on one CPU (the program keeps the watched processes' samples).
+    Cpu(u32),
 }
 
 /// The kernel links of one attached [`Target`], with what of the target detaching needs (the
@@ -522,15 +551,24 @@ fn link(ebpf: &mut Ebpf, target: &Target) -> Result<Link, AttachError> {
             .attach(event)
             .map(|id| Link::Tracepoint(prog, id))
             .map_err(attach_error("raw tracepoint", event)),
-        Target::Sampler { tid, freq_hz } => program::<PerfEvent>(ebpf, abi::programs::SAMPLE_STACK)?
-            .attach(
-                PerfEventConfig::Software(SoftwareEvent::CpuClock),
-                PerfEventScope::OneProcess { pid: *tid, cpu: None },
-                SamplePolicy::Frequency(*freq_hz),
-                false,
-            )
-            .map(Link::Sampler)
-            .map_err(attach_error("perf_event", &format!("cpu-clock of thread {tid}"))),
+        Target::Sampler { on, freq_hz } => {
+            let (scope, what) = match *on {
+                SampleOn::Thread(tid) => (
+                    PerfEventScope::OneProcess { pid: tid, cpu: None },
+                    format!("thread {tid}"),
+                ),
+                SampleOn::Cpu(cpu) => (PerfEventScope::AllProcessesOneCpu { cpu }, format!("cpu {cpu}")),
+            };
+            program::<PerfEvent>(ebpf, abi::programs::SAMPLE_STACK)?
+                .attach(
+                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                    scope,
+                    SamplePolicy::Frequency(*freq_hz),
+                    false,
+                )
+                .map(Link::Sampler)
+                .map_err(attach_error("perf_event", &format!("cpu-clock of {what}")))
+        }
     }
 }
 
@@ -683,7 +721,7 @@ fn attach_events(ebpf: &mut Ebpf, req: &Request) -> (Vec<ProbeStatus>, Vec<Hook>
     let sampler = match req.watch {
         _ if !req.mechanisms.contains(&Mechanism::Samples) => Err(NOT_REQUESTED.into()),
         Watched::Thread(tid) => attacher.sampler(tid, req.freq_hz).map_err(|e| e.to_string()),
-        Watched::Processes(_) => Err("sampling follows one thread; watched processes are not sampled".into()),
+        Watched::Processes(_) => attacher.sampler_all_cpus(req.freq_hz).map_err(|e| e.to_string()),
     };
     status.push(ProbeStatus {
         function: format!("cpu-clock@{}Hz", req.freq_hz),

@@ -10,14 +10,17 @@ use strum::IntoEnumIterator as _;
 
 use crate::{
     abi::{self, DmaCall, RecordIoctl},
+    category::{CategoryCounts, classify},
     dma::DmaIoctl,
+    flamegraph::Folded,
     kernel,
     launch::{self, Held, LaunchError},
     loader::{self, AttachError, Drained, Probes, Request, Watched},
     output::{self, OutDir, OutputError},
     privileges,
-    probes::{Mechanism, PROBE_TABLE},
-    recording::{self, Call, Process, RecordReport, RowTotal},
+    probes::{AttachedBy, Mechanism, PROBE_TABLE, ProbeStatus},
+    recording::{self, Call, Process, RecordReport, RecordSampled, RowTotal},
+    report::Sampled,
     stop::{Control, Stage, Supervisor},
     symbols::KernelSymbols,
     sys,
@@ -40,8 +43,10 @@ pub struct RecordOptions {
     pub duration: Option<Duration>,
     /// Output directory.
     pub out: PathBuf,
-    /// Mechanisms for the probe-table rows and tracepoints.
+    /// Mechanisms for the probe-table rows, tracepoints and sampling.
     pub mechanisms: Vec<Mechanism>,
+    /// Sampling frequency per CPU, Hz.
+    pub freq_hz: u64,
 }
 
 /// Why a recording could not start or finish.
@@ -159,7 +164,7 @@ impl Recorder {
         let symbols = KernelSymbols::load().ok();
         let mut probes = loader::attach(&Request {
             watch: Watched::Processes(recorded_ioctls()),
-            freq_hz: 1,
+            freq_hz: self.opts.freq_hz,
             mechanisms: &self.opts.mechanisms,
             symbols: symbols.as_ref(),
             sample_map_entries: None,
@@ -191,15 +196,55 @@ impl Recorder {
         probes.set_phase(0)?;
         drain(&mut ring, &mut raw);
         report.lost = probes.lost_calls()?;
-        totals(&mut report, &probes.drain(RECORD_SLOT + 1)?);
+        let drained = probes.drain(RECORD_SLOT + 2)?;
+        totals(&mut report, &drained);
+        report.sampled = self.sampled(&drained, symbols.as_ref(), &report.probes)?;
         report.partial = end == End::Cancelled;
         report.duration_ns = started.elapsed().as_nanos() as u64;
         drop(probes);
         report.calls = raw.iter().filter_map(|r| Call::of(r, origin, exact)).collect();
         recording::summarise(&mut report);
         output::write_report(&self.out.path, &report)?;
-        output::write_atomic(&self.out.path.join(output::INDEX), &crate::html::record_index(&report))?;
+        let dir = self.out.path.clone();
+        let page = crate::html::record_index(&report, &|rel| std::fs::read_to_string(dir.join(rel)).ok());
+        output::write_atomic(&self.out.path.join(output::INDEX), &page)?;
         Ok(report)
+    }
+
+    /// The samples inside and outside the DMA ioctls (None when the sampler did not attach),
+    /// and their flamegraphs written next to report.json.
+    fn sampled(
+        &self,
+        drained: &Drained,
+        symbols: Option<&KernelSymbols>,
+        status: &[ProbeStatus],
+    ) -> Result<Option<RecordSampled>, RecordError> {
+        if !status
+            .iter()
+            .any(|p| p.attached && p.mechanism == AttachedBy::PerfEvent)
+        {
+            return Ok(None);
+        }
+        let mut out = RecordSampled {
+            freq_hz: self.opts.freq_hz,
+            ..RecordSampled::default()
+        };
+        for (slot, stem, title) in [
+            (RECORD_SLOT, "in_calls", "inside the DMA ioctls"),
+            (RECORD_SLOT + 1, "outside", "outside the DMA ioctls"),
+        ] {
+            let (sampled, folded) = slot_samples(drained, slot, symbols);
+            if folded.total() > 0 {
+                folded
+                    .write(&self.out.path, stem, &format!("recorded processes: {title}"))
+                    .map_err(|e| RecordError::Runtime(format!("writing {stem}.svg: {e}")))?;
+            }
+            match slot {
+                RECORD_SLOT => out.in_calls = sampled,
+                _ => out.outside = sampled,
+            }
+        }
+        Ok(Some(out))
     }
 
     fn new_report(&self, probes: &Probes, symbols: Option<&KernelSymbols>) -> RecordReport {
@@ -229,6 +274,7 @@ impl Recorder {
             kernel,
             partial: false,
             lost: 0,
+            sampled: None,
         }
     }
 
@@ -267,6 +313,34 @@ impl Recorder {
         }
         None
     }
+}
+
+/// One slot's samples: shares by category, and the folded stacks (root first).
+fn slot_samples(drained: &Drained, slot: u32, symbols: Option<&KernelSymbols>) -> (Sampled, Folded) {
+    let mut cats = CategoryCounts::default();
+    let mut folded = Folded::default();
+    for s in drained.samples.iter().filter(|s| s.slot == slot) {
+        let names: Vec<String> = s
+            .kernel
+            .iter()
+            .map(|ip| symbols.map_or_else(|| format!("0x{ip:x}"), |sy| sy.resolve(*ip)))
+            .collect();
+        cats.add(classify(names.iter().map(String::as_str)), s.count);
+        let user = names.is_empty().then(|| "[user]".to_owned());
+        folded.add(user.into_iter().chain(names.into_iter().rev()), s.count);
+    }
+    let lost = drained
+        .counters
+        .iter()
+        .filter(|(at, _)| *at == slot)
+        .map(|(_, c)| c.lost_samples)
+        .sum();
+    let sampled = Sampled {
+        samples: cats.total(),
+        lost,
+        categories: cats.shares(),
+    };
+    (sampled, folded)
 }
 
 /// The per-function totals and counters the probes kept over the whole recording.

@@ -197,6 +197,21 @@ pub struct RecordReport {
     pub partial: bool,
     /// Records the ring buffer had no room for (those calls are missing from `calls`).
     pub lost: u64,
+    /// Stack samples of the watched processes (absent when the sampler did not attach).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampled: Option<RecordSampled>,
+}
+
+/// Where the watched processes' sampled time went, inside and outside their DMA ioctls; the
+/// flamegraphs `in_calls.svg` and `outside.svg` sit next to report.json.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct RecordSampled {
+    /// The sampling frequency, Hz (per CPU, every CPU).
+    pub freq_hz: u64,
+    /// Samples taken inside a DMA ioctl of the sampled thread.
+    pub in_calls: crate::report::Sampled,
+    /// Samples outside them: the processes' own work, their page faults, other syscalls.
+    pub outside: crate::report::Sampled,
 }
 
 /// The median of `v` (the lower middle of an even count), 0 when empty.
@@ -399,6 +414,21 @@ pub fn diff_saved(before: &Path, after: &Path) -> Option<Result<RecordDiff, Read
     Some(b.and_then(|b| a.map(|a| diff(&b, &a))))
 }
 
+/// The sampled shares inside and outside the DMA ioctls, a line each.
+fn sampled_lines(s: Option<&RecordSampled>) -> String {
+    let Some(s) = s else { return String::new() };
+    let line = |what: &str, x: &crate::report::Sampled| {
+        let mut top: Vec<(&Category, &f64)> = x.categories.iter().filter(|(_, v)| **v >= 0.01).collect();
+        top.sort_by(|a, b| b.1.total_cmp(a.1));
+        let shares: Vec<String> = top
+            .iter()
+            .map(|(c, v)| format!("{} {:.0}%", c.name(), **v * 100.0))
+            .collect();
+        format!("  sampled {what}: {} samples; {}\n", x.samples, shares.join(", "))
+    };
+    line("inside the DMA ioctls", &s.in_calls) + &line("outside them", &s.outside)
+}
+
 /// The table of a recording diff: per kind, calls, median, total and bytes before -> after.
 pub fn render_diff(d: &RecordDiff) -> String {
     let side = |s: &Option<KindSummary>, f: fn(&KindSummary) -> String| s.as_ref().map_or("-".to_owned(), f);
@@ -535,6 +565,7 @@ pub fn render(r: &RecordReport) -> String {
     if let Some(f) = r.cpu_faults {
         out += &format!("  CPU page faults of the processes while recorded: {f}\n");
     }
+    out += &sampled_lines(r.sampled.as_ref());
     if r.unaccounted > 0 {
         out += &format!(
             "  {} probed calls could not be accounted: the categories undercount\n",
@@ -673,6 +704,7 @@ mod tests {
             kernel: KernelInfo::default(),
             partial: false,
             lost: 0,
+            sampled: None,
         };
         summarise(&mut r);
         assert_eq!(r.calls[0].start_ns, 0, "sorted by start");

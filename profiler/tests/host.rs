@@ -1372,6 +1372,45 @@ fn recording_outputs(dir: &Path) {
     assert!(String::from_utf8_lossy(&explained.stdout).contains("nothing stands out"));
 }
 
+/// A recording samples its processes on every CPU: a child that burns CPU outside any DMA
+/// ioctl shows up in `sampled.outside` and its flamegraph, nothing inside.
+#[test]
+fn record_samples_its_processes() {
+    if !can_run("record_samples_its_processes") {
+        return;
+    }
+    let _serial = serial();
+    let dir = tmpdir("record-sampled");
+    let out = dmaprof()
+        .args(["record", "--json", "-o"])
+        .arg(&dir)
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "dd if=/dev/zero of=/dev/null bs=64K count=40000 2>/dev/null",
+        ])
+        .output()
+        .unwrap();
+    ok(&out);
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let s = &r["sampled"];
+    assert_eq!(s["freq_hz"], 999, "{s}");
+    assert_eq!(s["in_calls"]["samples"], 0, "{s}");
+    assert!(
+        num(&s["outside"]["samples"], "samples") >= 20,
+        "dd's copying is sampled: {s}"
+    );
+    let folded = fs::read_to_string(dir.join("outside.folded")).unwrap();
+    assert!(
+        folded.contains("read_iter") || folded.contains("read_zero") || folded.contains("clear_user"),
+        "{folded}"
+    );
+    let html = fs::read_to_string(dir.join("index.html")).unwrap();
+    assert!(html.contains("Sampled stacks") && html.contains("outside.svg"));
+    let _ = fs::remove_dir_all(&dir);
+}
+
 /// A missing process is one line and exit 2 with nothing created; -p and a command together,
 /// or neither, are clap's errors.
 #[test]

@@ -1634,7 +1634,25 @@ fn record_reference(c: &Ctx) -> Outcome {
     let reference = record_checks(&r, &printed)?;
     let run = record_run_checks(&dir)?;
     let explained = recording_explained(c, &dir)?;
-    Ok(format!("{reference}; {run}; {explained}"))
+    let sampled = recording_sampled(&r)?;
+    Ok(format!("{reference}; {run}; {explained}; {sampled}"))
+}
+
+/// The recording's samples inside the C reference's DMA ioctls: its demand-faulted maps zero
+/// most of the time, as the exact per-call categories say.
+fn recording_sampled(r: &Value) -> Outcome {
+    let inside = &r["sampled"]["in_calls"];
+    let zeroing = inside["categories"]["zeroing"].as_f64().unwrap_or(0.0);
+    match ns(&inside["samples"]) >= 20.0 && zeroing >= 0.5 {
+        true => Ok(format!(
+            "sampled inside the calls: {} samples, zeroing {:.0}%",
+            inside["samples"],
+            zeroing * 100.0
+        )),
+        false => Err(format!(
+            "the recording's samples inside the DMA ioctls: {inside} (want 20 or more, zeroing 50% or more)"
+        )),
+    }
 }
 
 /// `dmaprof explain` on the C reference's recording names its demand faults and the unmap's
