@@ -155,6 +155,9 @@ pub struct RecordSyscalls {
     pub ioctl: i64,
     /// clone, fork, vfork, clone3: a watched process's new child is watched too.
     pub clones: [i64; 4],
+    /// mmap, munmap, madvise, mremap: their time is summed into the record slot's
+    /// `syscalls` / `syscall_ns` (the processes' memory set-up outside the DMA ioctls).
+    pub memory: [i64; 4],
 }
 
 /// One ioctl command `record` records, and where its argument struct keeps the IOVA and size.

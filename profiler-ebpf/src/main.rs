@@ -49,6 +49,7 @@ static WATCH: Watch = Watch {
 static RECORD_SYSCALLS: RecordSyscalls = RecordSyscalls {
     ioctl: -1,
     clones: [-1; 4],
+    memory: [-1; 4],
 };
 
 /// The ioctls `record` records; set by user space at load time.
@@ -65,6 +66,10 @@ static WATCHED: HashMap<u32, u8> = HashMap::with_max_entries(MAX_WATCHED, 0);
 
 #[map]
 static THREAD_CALLS: HashMap<u32, ThreadCall> = HashMap::with_max_entries(MAX_THREAD_CALLS, 0);
+
+/// `record`: when each watched thread inside a memory syscall entered it.
+#[map]
+static MEMORY_ENTER: HashMap<u32, u64> = HashMap::with_max_entries(MAX_THREAD_CALLS, 0);
 
 #[map]
 static CALL_SCRATCH: PerCpuArray<ThreadCall> = PerCpuArray::with_max_entries(1, 0);
@@ -533,7 +538,12 @@ fn reg(regs: *const pt_regs, read: impl FnOnce(*const pt_regs) -> *const u64) ->
 #[inline(always)]
 fn record_enter(ctx: &RawTracePointContext, id: i64, now: u64) {
     // SAFETY: see by_process.
-    if id != unsafe { core::ptr::read_volatile(&RECORD_SYSCALLS.ioctl) } {
+    let syscalls = unsafe { core::ptr::read_volatile(&RECORD_SYSCALLS) };
+    if syscalls.memory.contains(&id) {
+        let _ = MEMORY_ENTER.insert(bpf_get_current_pid_tgid() as u32, now, 0);
+        return;
+    }
+    if id != syscalls.ioctl {
         return;
     }
     let regs: *const pt_regs = ctx.arg(0);
@@ -582,6 +592,16 @@ fn record_exit(ctx: &RawTracePointContext) {
         }
     }
     let tid = bpf_get_current_pid_tgid() as u32;
+    // SAFETY: a plain u64 map value, read once.
+    if let Some(&entered) = unsafe { MEMORY_ENTER.get(tid) } {
+        let _ = MEMORY_ENTER.remove(tid);
+        if let Some(c) = recording_phase().and_then(counters) {
+            // SAFETY: reading the clock has no preconditions.
+            c.syscall_ns += unsafe { bpf_ktime_get_ns() }.saturating_sub(entered);
+            c.syscalls += 1;
+        }
+        return;
+    }
     let Some(state) = THREAD_CALLS.get_ptr_mut(tid) else {
         return;
     };

@@ -193,6 +193,7 @@ pub fn load(watch: &Watched, sample_map_entries: Option<u32>, btf: Option<&Btf>)
     let syscalls = abi::RecordSyscalls {
         ioctl: libc::SYS_ioctl,
         clones: [libc::SYS_clone, libc::SYS_fork, libc::SYS_vfork, libc::SYS_clone3],
+        memory: [libc::SYS_mmap, libc::SYS_munmap, libc::SYS_madvise, libc::SYS_mremap],
     };
     let mut loader = EbpfLoader::new();
     loader.btf(btf);

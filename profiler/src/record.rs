@@ -19,7 +19,7 @@ use crate::{
     output::{self, OutDir, OutputError},
     privileges,
     probes::{AttachedBy, Mechanism, PROBE_TABLE, ProbeStatus},
-    recording::{self, Call, Process, RecordReport, RecordSampled, RowTotal},
+    recording::{self, Call, MemorySyscalls, Process, RecordReport, RecordSampled, RowTotal},
     report::Sampled,
     stop::{Control, Stage, Supervisor},
     symbols::KernelSymbols,
@@ -175,9 +175,11 @@ impl Recorder {
         let mut report = self.new_report(&probes, symbols.as_ref());
         let origin = sys::monotonic_ns();
         let started = Instant::now();
+        // The slot is set before anything is watched: a command's first syscalls (the dynamic
+        // loader's mmaps) come right after its release.
+        probes.set_phase(RECORD_SLOT)?;
         let child = self.start(&mut probes)?;
         report.process.pids = child.map_or_else(|| self.opts.pids.clone(), |pid| vec![pid]);
-        probes.set_phase(RECORD_SLOT)?;
         control.enter(Stage::Recording);
         let mut raw = Vec::new();
         let end = loop {
@@ -274,6 +276,7 @@ impl Recorder {
             kernel,
             partial: false,
             lost: 0,
+            memory_syscalls: None,
             sampled: None,
         }
     }
@@ -369,6 +372,14 @@ fn totals(report: &mut RecordReport, drained: &Drained) {
         .iter()
         .any(|p| p.attached && p.function.ends_with(":page_fault_user"));
     report.cpu_faults = faults_seen.then(|| counters.map_or(0, |c| c.user_faults));
+    let syscalls_seen = report
+        .probes
+        .iter()
+        .any(|p| p.attached && p.function.ends_with(":sys_exit"));
+    report.memory_syscalls = syscalls_seen.then(|| MemorySyscalls {
+        calls: counters.map_or(0, |c| c.syscalls),
+        ns: counters.map_or(0, |c| c.syscall_ns),
+    });
     report.unaccounted = counters.map_or(0, |c| c.stack_overflow + c.unmatched_exit);
 }
 

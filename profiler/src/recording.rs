@@ -197,9 +197,23 @@ pub struct RecordReport {
     pub partial: bool,
     /// Records the ring buffer had no room for (those calls are missing from `calls`).
     pub lost: u64,
+    /// The processes' mmap, munmap, madvise and mremap calls while recorded (absent without
+    /// the syscall tracepoints): their memory set-up outside the DMA ioctls. Faults they take
+    /// on first touch are in `cpu_faults` and in the samples outside the calls.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_syscalls: Option<MemorySyscalls>,
     /// Stack samples of the watched processes (absent when the sampler did not attach).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sampled: Option<RecordSampled>,
+}
+
+/// Calls of a set of syscalls and their summed time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemorySyscalls {
+    /// Completed calls.
+    pub calls: u64,
+    /// Entry to exit, summed.
+    pub ns: u64,
 }
 
 /// Where the watched processes' sampled time went, inside and outside their DMA ioctls; the
@@ -565,6 +579,13 @@ pub fn render(r: &RecordReport) -> String {
     if let Some(f) = r.cpu_faults {
         out += &format!("  CPU page faults of the processes while recorded: {f}\n");
     }
+    if let Some(m) = r.memory_syscalls {
+        out += &format!(
+            "  mmap/munmap/madvise/mremap of the processes: {} calls, {} ms\n",
+            m.calls,
+            ms(m.ns)
+        );
+    }
     out += &sampled_lines(r.sampled.as_ref());
     if r.unaccounted > 0 {
         out += &format!(
@@ -704,6 +725,7 @@ mod tests {
             kernel: KernelInfo::default(),
             partial: false,
             lost: 0,
+            memory_syscalls: None,
             sampled: None,
         };
         summarise(&mut r);

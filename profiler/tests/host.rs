@@ -1411,6 +1411,49 @@ fn record_samples_its_processes() {
     let _ = fs::remove_dir_all(&dir);
 }
 
+/// The recorded process's mmap/munmap/madvise/mremap calls: as many as strace counts for the
+/// same command.
+#[test]
+fn record_counts_memory_syscalls_as_strace_does() {
+    if !can_run("record_counts_memory_syscalls_as_strace_does") {
+        return;
+    }
+    let _serial = serial();
+    let cmd = ["dd", "if=/dev/zero", "of=/dev/null", "bs=64M", "count=4"];
+    let Ok(traced) = Command::new("strace")
+        .args(["-c", "-e", "trace=mmap,munmap,madvise,mremap"])
+        .args(cmd)
+        .output()
+    else {
+        eprintln!("SKIPPED record_counts_memory_syscalls_as_strace_does: no strace");
+        return;
+    };
+    let table = String::from_utf8_lossy(&traced.stderr);
+    let strace_calls: u64 = table
+        .lines()
+        .find(|l| l.trim_end().ends_with(" total"))
+        .and_then(|l| l.split_whitespace().nth(3)?.parse().ok())
+        .unwrap_or_else(|| panic!("no total in strace's table: {table}"));
+    let dir = tmpdir("record-memory");
+    let out = dmaprof()
+        .args(["record", "--json", "-o"])
+        .arg(&dir)
+        .arg("--")
+        .args(cmd)
+        .output()
+        .unwrap();
+    ok(&out);
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        num(&r["memory_syscalls"]["calls"], "calls"),
+        strace_calls,
+        "{}",
+        r["memory_syscalls"]
+    );
+    assert!(num(&r["memory_syscalls"]["ns"], "ns") > 0);
+    let _ = fs::remove_dir_all(&dir);
+}
+
 /// A missing process is one line and exit 2 with nothing created; -p and a command together,
 /// or neither, are clap's errors.
 #[test]
