@@ -58,6 +58,7 @@ impl Held {
                     counter: counter.to_owned(),
                     before,
                     after,
+                    system_wide: counter == "foll_pins",
                 })
             })
             .collect()

@@ -567,6 +567,10 @@ pub struct Leak {
     pub before: i64,
     /// After it.
     pub after: i64,
+    /// A system-wide counter: another process pinning meanwhile moves it too, so it warns
+    /// but does not fail the run.
+    #[serde(default)]
+    pub system_wide: bool,
 }
 
 /// A case that did not run.

@@ -658,7 +658,7 @@ impl Outcome {
                 count: report.skipped.len(),
                 first_reason: first.reason.clone(),
             },
-            _ if report.failed.is_empty() && report.leaks.is_empty() => Self::Passed,
+            _ if report.failed.is_empty() && report.leaks.iter().all(|l| l.system_wide) => Self::Passed,
             _ => Self::Failed,
         }
     }

@@ -388,7 +388,12 @@ fn footer(report: &Report) -> String {
             "\nLEFT HELD after the case ended (the kernel did not give it back):"
         );
         for l in &report.leaks {
-            let _ = writeln!(out, "  {:<40} {} {} -> {}", l.case, l.counter, l.before, l.after);
+            let scope = if l.system_wide {
+                " (system-wide: another process may have pinned)"
+            } else {
+                ""
+            };
+            let _ = writeln!(out, "  {:<40} {} {} -> {}{scope}", l.case, l.counter, l.before, l.after);
         }
     }
     out + &probes_footer(report)
