@@ -358,7 +358,10 @@ mod tests {
             (a.pids.clone(), a.duration),
             (vec![1, 2], Some(Duration::from_millis(1500)))
         );
-        assert!(a.options().mechanisms.contains(&Mechanism::Samples), "recordings sample too");
+        assert!(
+            a.options().mechanisms.contains(&Mechanism::Samples),
+            "recordings sample too"
+        );
         assert_eq!(a.options().freq_hz, 999);
         let Ok(Cli {
             command: Command::Record(a),

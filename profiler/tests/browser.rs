@@ -247,3 +247,38 @@ fn diff_page(chromium: &Path, dir: &Path, case: &str) {
     let shown = section.matches("data-state=\"shown\"").count();
     assert!(shown > 0 && section.matches("<iframe").count() == shown, "{section}");
 }
+
+/// A recording's page: `dmaprof record` of a command that copies from /dev/zero (root: it
+/// loads BPF), opened in chromium: the console stays quiet, the tables are there and the
+/// flamegraph of the samples outside the DMA ioctls is unpacked in its frame.
+#[test]
+fn a_recordings_page_works_in_a_browser() {
+    let Some(chromium) = chromium() else {
+        eprintln!("SKIPPED a_recordings_page_works_in_a_browser: no chromium (cargo xtask setup installs it)");
+        return;
+    };
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIPPED a_recordings_page_works_in_a_browser: recording needs root");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("dmaprof-test-record-page-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    let out = Command::new(env!("CARGO_BIN_EXE_dmaprof"))
+        .args(["record", "-o"])
+        .arg(&dir)
+        .args(["--", "dd", "if=/dev/zero", "of=/dev/null", "bs=64K", "count=40000"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let page = dir.join("index.html");
+    let (dom, console) = browse(&chromium, &format!("file://{}", page.display()), &["--dump-dom"]);
+    assert!(console.is_empty(), "the recording page's console: {console:#?}");
+    assert!(dom.contains("By ioctl") && dom.contains("Sampled stacks"), "{dom}");
+    let sampled = dom.split("id=\"sampled\"").nth(1).unwrap();
+    assert!(
+        sampled.contains("data-state=\"shown\"") && sampled.contains("<iframe"),
+        "{sampled}"
+    );
+    let _ = fs::remove_dir_all(&dir);
+}
