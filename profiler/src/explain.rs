@@ -61,6 +61,22 @@ struct Fired {
     fix: String,
 }
 
+impl Fired {
+    /// The finding, tied to the rule that fired and what it fired on.
+    fn finding(self, rule: &'static str, case: String) -> Finding {
+        Finding {
+            rule,
+            case,
+            phase: self.phase,
+            ns: self.ns,
+            what: self.what,
+            why: self.why,
+            evidence: self.evidence,
+            fix: self.fix,
+        }
+    }
+}
+
 /// One rule: an id and a condition over a case of a report that yields a finding.
 pub struct Rule {
     /// Stable name (in `explain --json`).
@@ -230,18 +246,9 @@ pub fn explain(report: &Report) -> Explanation {
         .cases
         .iter()
         .flat_map(|case| {
-            RULES.iter().filter_map(move |rule| {
-                (rule.fires)(report, case).map(|f| Finding {
-                    rule: rule.id,
-                    case: case.name.clone(),
-                    phase: f.phase,
-                    ns: f.ns,
-                    what: f.what,
-                    why: f.why,
-                    evidence: f.evidence,
-                    fix: f.fix,
-                })
-            })
+            RULES
+                .iter()
+                .filter_map(move |rule| (rule.fires)(report, case).map(|f| f.finding(rule.id, case.name.clone())))
         })
         .collect();
     findings.sort_by_key(|f| std::cmp::Reverse(f.ns));
@@ -795,18 +802,9 @@ pub fn explain_recording(r: &RecordReport) -> Explanation {
         .by_kind
         .iter()
         .flat_map(|k| {
-            RECORD_RULES.iter().filter_map(move |rule| {
-                (rule.fires)(r, k).map(|f| Finding {
-                    rule: rule.id,
-                    case: format!("{} calls", k.kind),
-                    phase: f.phase,
-                    ns: f.ns,
-                    what: f.what,
-                    why: f.why,
-                    evidence: f.evidence,
-                    fix: f.fix,
-                })
-            })
+            RECORD_RULES
+                .iter()
+                .filter_map(move |rule| (rule.fires)(r, k).map(|f| f.finding(rule.id, format!("{} calls", k.kind))))
         })
         .collect();
     findings.sort_by_key(|f| std::cmp::Reverse(f.ns));
