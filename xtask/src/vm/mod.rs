@@ -119,6 +119,8 @@ struct Plan<'a> {
     echo: bool,
     /// Host files to copy into the guest at the same path.
     host_files: Vec<PathBuf>,
+    /// Host directories laid over the guest's root (`initramfs::Guest::overlays`).
+    overlays: Vec<PathBuf>,
 }
 
 /// The guest directory dmaprof writes to: the value of `-o`/`--out` in `args`.
@@ -198,6 +200,7 @@ fn execute(plan: Plan) -> std::result::Result<qemu::Outcome, qemu::BootError> {
         hugepages_2m: plan.hugepages_2m,
         hugepages_1g: plan.hugepages_1g,
         host_files: &plan.host_files,
+        overlays: &plan.overlays,
     };
     initramfs::write(&initrd, &guest).map_err(setup_err)?;
     let boot = qemu::Boot {
@@ -351,6 +354,7 @@ pub fn run(args: VmArgs) -> Result<()> {
         timeout: Duration::from_secs(args.timeout),
         echo: true,
         host_files: Vec::new(),
+        overlays: Vec::new(),
     })?;
     if args.hugepages_1g > 0 {
         let got = outcome.console.iter().find_map(|l| {
@@ -429,11 +433,25 @@ pub fn test() -> Result<()> {
 }
 
 /// A dynamically linked host binary with the shared libraries `ldd` lists for it and the
-/// dynamic loader: what the guest needs to run it (as `host_files`).
+/// dynamic loader: what the guest needs to run it (as `host_files`). A library `ldd` cannot
+/// find on this host is an error naming it (the guest could not start the binary either).
 pub(crate) fn with_libraries(binary: &Path) -> Result<Vec<PathBuf>> {
     let out = Command::new("ldd").arg(binary).output().context("running ldd")?;
     let mut files = vec![binary.to_owned()];
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
+    let text = String::from_utf8_lossy(&out.stdout);
+    let missing: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("=> not found"))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    if !missing.is_empty() {
+        bail!(
+            "{} needs {} that this host does not have (install the Debian packages that ship them)",
+            binary.display(),
+            missing.join(", ")
+        );
+    }
+    for line in text.lines() {
         // "libx.so.1 => /lib/x86_64-linux-gnu/libx.so.1 (0x...)" or "/lib64/ld-linux-x86-64.so.2 (0x...)".
         let path = line
             .split("=>")

@@ -307,6 +307,7 @@ fn plan<'a>(c: &'a Ctx, with_dmaprof: bool, payload: Payload) -> Plan<'a> {
         timeout: BOOT_TIMEOUT,
         echo: false,
         host_files: Vec::new(),
+        overlays: Vec::new(),
     }
 }
 
