@@ -10,6 +10,7 @@
 //! Everything downloaded or built lives under `$DMAPROF_CACHE` (default `~/.cache/dmaprof`).
 mod apt;
 pub mod bench;
+mod guest_qemu;
 mod initramfs;
 mod kernel;
 mod kunit;
@@ -160,12 +161,13 @@ fn option_value(args: &[String], short: char, long: &str) -> Option<String> {
     None
 }
 
-/// `dmaprof run` without `-o` gets `-o /out`; returns the args and the guest output dir.
+/// `dmaprof run` or `record` without `-o` gets `-o /out` (the directory shipped back; their
+/// own default is below the guest's working directory); returns the args and the guest output dir.
 fn guest_args(mut args: Vec<String>) -> (Vec<String>, String) {
     match out_option(&args) {
         Some(dir) => (args, dir),
         None => {
-            if args.first().is_some_and(|a| a == "run") {
+            if args.first().is_some_and(|a| a == "run" || a == "record") {
                 args.splice(1..1, ["-o".to_owned(), "/out".to_owned()]);
             }
             (args, "/out".to_owned())
@@ -337,6 +339,7 @@ pub fn run(args: VmArgs) -> Result<()> {
         Some(cmd) => Payload::Shell(cmd),
         None => Payload::Dmaprof(args.args),
     };
+    let (overlays, host_files) = guest_tools(&payload, &cache)?;
     eprintln!(
         "xtask: booting {} ({} RAM, {} CPUs, TCG; timeout {}s)",
         kernel.label, mem, args.smp, args.timeout
@@ -353,8 +356,8 @@ pub fn run(args: VmArgs) -> Result<()> {
         append: &args.append,
         timeout: Duration::from_secs(args.timeout),
         echo: true,
-        host_files: Vec::new(),
-        overlays: Vec::new(),
+        host_files,
+        overlays,
     })?;
     if args.hugepages_1g > 0 {
         let got = outcome.console.iter().find_map(|l| {
@@ -395,6 +398,24 @@ pub fn run(args: VmArgs) -> Result<()> {
         std::process::exit(outcome.exit_status.clamp(1, 255));
     }
     Ok(())
+}
+
+/// What the guest needs besides dmaprof for `payload` (as `Plan::overlays`, `Plan::host_files`):
+/// QEMU with its firmware and libraries when the dmaprof arguments run `qemu-system-x86_64`
+/// (about 60 MB, so only then).
+fn guest_tools(payload: &Payload, cache: &Path) -> Result<(Vec<PathBuf>, Vec<PathBuf>)> {
+    match payload {
+        Payload::Dmaprof(args) if guest_qemu::named_in(args) => {
+            let qemu = guest_qemu::prepare(cache)?;
+            eprintln!(
+                "xtask: shipping QEMU {} into the guest as /usr/bin/{}",
+                qemu.version,
+                guest_qemu::BINARY
+            );
+            Ok((vec![qemu.root], qemu.libraries))
+        }
+        _ => Ok((Vec::new(), Vec::new())),
+    }
 }
 
 /// `cargo xtask run` without --host: `dmaprof run <args>` in the VM with the custom kernel.
@@ -480,6 +501,16 @@ mod unit {
         let (args, dir) = guest_args(strings(&["run", "-b", "1G"]));
         assert_eq!(args, strings(&["run", "-o", "/out", "-b", "1G"]));
         assert_eq!(dir, "/out");
+        let (args, _) = guest_args(strings(&["record", "--", "qemu-system-x86_64", "-o", "x"]));
+        assert_eq!(
+            args,
+            strings(&["record", "-o", "/out", "--", "qemu-system-x86_64", "-o", "x"])
+        );
+        let (args, dir) = guest_args(strings(&["record", "-o", "/r", "--", "true"]));
+        assert_eq!(
+            (args, dir.as_str()),
+            (strings(&["record", "-o", "/r", "--", "true"]), "/r")
+        );
     }
 
     #[test]
