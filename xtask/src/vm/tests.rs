@@ -16,6 +16,7 @@ use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use serde_json::Value;
 
 mod faults;
+mod record_qemu;
 mod soak;
 
 use super::{Payload, Plan, cache_dir, execute, kernel, qemu, transfer, unpack_archive};
@@ -63,7 +64,7 @@ struct VmTest {
 }
 
 /// Every VM test, in the order they run.
-const TESTS: [VmTest; 17] = [
+const TESTS: [VmTest; 18] = [
     VmTest {
         name: "boot_custom_doctor",
         kernel: KernelName::Custom,
@@ -133,6 +134,11 @@ const TESTS: [VmTest; 17] = [
         name: "record_c_reference_maps",
         kernel: KernelName::Custom,
         run: record_reference,
+    },
+    VmTest {
+        name: "record_qemu_type1_and_iommufd",
+        kernel: KernelName::Custom,
+        run: record_qemu::record_qemu,
     },
     VmTest {
         name: "faults_survived",
