@@ -63,11 +63,12 @@ rec() {{ # $1: name; the rest: vfio-pci options
 qemu-system-x86_64 --version | head -1 > /out/qemu-version.txt
 rec type1 -device vfio-pci,host=$B
 why=
+lacks() {{ why="${{why:+$why; }}$1"; }}
 qemu-system-x86_64 -object help | grep -qw iommufd \
-  || why="$(cat /out/qemu-version.txt) has no iommufd object (QEMU's iommufd backend came in 9.0)"
-[ -c /dev/iommu ] || why="no /dev/iommu (kernel without CONFIG_IOMMUFD)"
+  || lacks "$(cat /out/qemu-version.txt) has no iommufd object (QEMU's iommufd backend came in 9.0)"
+[ -c /dev/iommu ] || lacks "no /dev/iommu (kernel without CONFIG_IOMMUFD, or iommufd.ko not loaded)"
 ls /sys/bus/pci/devices/$B/vfio-dev 2>/dev/null | grep -q vfio \
-  || why="$why; no VFIO cdev for $B (kernel without CONFIG_VFIO_DEVICE_CDEV)"
+  || lacks "no VFIO cdev for $B (kernel without CONFIG_VFIO_DEVICE_CDEV)"
 if [ -z "$why" ]; then
   rec iommufd -object iommufd,id=iommufd0 -device vfio-pci,host=$B,iommufd=iommufd0
 else
