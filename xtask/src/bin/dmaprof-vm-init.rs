@@ -181,8 +181,13 @@ fn set_up() {
 /// lands on this init meanwhile.
 fn run_payload() -> i32 {
     let mut cmd = if let Some(args) = config("dmaprof_args") {
+        let bdf = std::env::var("VFIO_SELFTESTS_BDF").ok();
         let mut c = Command::new("/bin/dmaprof");
-        c.args(args.split('\0').filter(|a| !a.is_empty()));
+        c.args(
+            args.split('\0')
+                .filter(|a| !a.is_empty())
+                .map(|a| expand_bdf(a, bdf.as_deref())),
+        );
         c
     } else {
         let mut c = Command::new("/bin/busybox");
@@ -212,6 +217,19 @@ fn run_payload() -> i32 {
         if got < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
             return -1;
         }
+    }
+}
+
+/// A dmaprof argument with `$VFIO_SELFTESTS_BDF` (or `${VFIO_SELFTESTS_BDF}`) replaced by the
+/// edu device's address: dmaprof runs without a shell, and the host cannot know the address
+/// before the guest has found the device (e.g. `record -- qemu-system-x86_64 -device
+/// 'vfio-pci,host=$VFIO_SELFTESTS_BDF'`). Left as it is when there is no device.
+fn expand_bdf(arg: &str, bdf: Option<&str>) -> String {
+    match bdf {
+        Some(bdf) => arg
+            .replace("${VFIO_SELFTESTS_BDF}", bdf)
+            .replace("$VFIO_SELFTESTS_BDF", bdf),
+        None => arg.to_owned(),
     }
 }
 
@@ -261,5 +279,22 @@ fn main() {
     // Only reached if reboot failed: PID 1 must not exit.
     loop {
         std::thread::sleep(std::time::Duration::from_secs(3600));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::expand_bdf;
+
+    #[test]
+    fn the_device_address_is_expanded_in_dmaprof_arguments() {
+        let bdf = Some("0000:00:03.0");
+        assert_eq!(
+            expand_bdf("vfio-pci,host=$VFIO_SELFTESTS_BDF", bdf),
+            "vfio-pci,host=0000:00:03.0"
+        );
+        assert_eq!(expand_bdf("${VFIO_SELFTESTS_BDF},x", bdf), "0000:00:03.0,x");
+        assert_eq!(expand_bdf("-d", bdf), "-d");
+        assert_eq!(expand_bdf("host=$VFIO_SELFTESTS_BDF", None), "host=$VFIO_SELFTESTS_BDF");
     }
 }

@@ -2,8 +2,9 @@
 //!
 //! A private `APT_CONFIG` (own sources.list, lists, archives and an empty dpkg status) points at the
 //! same mirror the system uses, with the suites the test bed's kernels come from (bookworm for 6.1,
-//! trixie for 6.12, trixie-backports for 7.x). Its package lists are refreshed at most once a day;
-//! downloaded `.deb` files stay in its archive directory, so a second run downloads nothing.
+//! trixie for 6.12, trixie-backports for 7.x) and bookworm-backports (the guest's QEMU, see
+//! `guest_qemu`). Its package lists are refreshed at most once a day, and at once when the suites
+//! change; downloaded `.deb` files stay in its archive directory, so a second run downloads nothing.
 use std::{
     fs,
     path::{Path, PathBuf},
@@ -82,6 +83,7 @@ impl Apt {
         for suite in [
             "bookworm",
             "bookworm-updates",
+            "bookworm-backports",
             "trixie",
             "trixie-updates",
             "trixie-backports",
@@ -91,7 +93,10 @@ impl Apt {
         for suite in ["bookworm-security", "trixie-security"] {
             sources += &format!("deb [signed-by={KEYRING}] {security} {suite} main\n");
         }
-        write_if_changed(&dir.join("etc/sources.list"), &sources)?;
+        if write_if_changed(&dir.join("etc/sources.list"), &sources)? {
+            // Lists fetched for other suites would hide the new ones for a day.
+            fs::remove_file(dir.join("lists/.updated")).ok();
+        }
         let d = dir.display();
         let conf = format!(
             "Dir::State \"{d}\";\nDir::State::Lists \"{d}/lists\";\nDir::State::status \"{d}/status\";\n\
@@ -124,7 +129,9 @@ impl Apt {
         if fresh && !force {
             return Ok(());
         }
-        eprintln!("xtask: refreshing the package lists of the VM's kernel suites (bookworm, trixie, trixie-backports)");
+        eprintln!(
+            "xtask: refreshing the package lists of the VM's suites (bookworm, bookworm-backports, trixie, trixie-backports)"
+        );
         let out = self
             .cmd("apt-get")
             .args(["update", "-q"])
@@ -178,6 +185,13 @@ impl Apt {
         Ok(best)
     }
 
+    /// The newest version of the package `name` in `suite` (e.g. `bookworm-backports`), as
+    /// `apt-cache madison` lists it.
+    pub fn in_suite(&self, name: &str, suite: &str) -> Result<Option<Package>> {
+        let out = self.cmd("apt-cache").args(["madison", name]).output()?;
+        Ok(newest_in_suite(&String::from_utf8_lossy(&out.stdout), name, suite))
+    }
+
     /// Downloads `pkg` (if not yet in the archive directory) and returns the `.deb` path.
     pub fn download(&self, pkg: &Package) -> Result<PathBuf> {
         let archives = self.dir.join("archives");
@@ -209,6 +223,26 @@ impl Apt {
     }
 }
 
+/// The newest version of `name` in `suite` in `apt-cache madison`'s lines.
+fn newest_in_suite(madison: &str, name: &str, suite: &str) -> Option<Package> {
+    let mut best: Option<Package> = None;
+    // "qemu-system-x86 | 1:10.0.2+ds-2~bpo12+1 | <mirror> bookworm-backports/main amd64 Packages"
+    for line in madison.lines() {
+        let fields: Vec<&str> = line.split('|').map(str::trim).collect();
+        let [pkg, version, source] = fields[..] else {
+            continue;
+        };
+        let in_suite = source.split_whitespace().nth(1).and_then(|s| s.split('/').next()) == Some(suite);
+        if pkg == name && in_suite && best.as_ref().is_none_or(|b| version_gt(version, &b.version)) {
+            best = Some(Package {
+                name: name.to_owned(),
+                version: version.to_owned(),
+            });
+        }
+    }
+    best
+}
+
 /// `a > b` in Debian version order (asks dpkg).
 fn version_gt(a: &str, b: &str) -> bool {
     Command::new("dpkg")
@@ -217,15 +251,39 @@ fn version_gt(a: &str, b: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-fn write_if_changed(path: &Path, text: &str) -> Result<()> {
-    if fs::read_to_string(path).ok().as_deref() != Some(text) {
-        fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+/// Writes `text` to `path` unless it holds it already; whether it wrote.
+fn write_if_changed(path: &Path, text: &str) -> Result<bool> {
+    if fs::read_to_string(path).ok().as_deref() == Some(text) {
+        return Ok(false);
     }
-    Ok(())
+    fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+    Ok(true)
 }
 
 /// Unpacks a `.deb` into `dest` with `dpkg -x` (never installs it).
 pub fn unpack(deb: &Path, dest: &Path) -> Result<()> {
     fs::create_dir_all(dest)?;
     run_cmd(Command::new("dpkg").arg("-x").arg(deb).arg(dest))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::newest_in_suite;
+
+    #[test]
+    fn a_suite_s_newest_version_only() {
+        let madison = "\
+qemu-system-x86 | 1:11.1.3+ds-1~bpo13+1 | http://m/debian trixie-backports/main amd64 Packages
+qemu-system-x86 | 1:10.0.2+ds-2+deb13u1~bpo12+1 | http://m/debian bookworm-backports/main amd64 Packages
+qemu-system-x86 | 1:9.2.1+ds-1~bpo12+1 | http://m/debian bookworm-backports/main amd64 Packages
+qemu-system-x86 | 1:7.2+dfsg-7+deb12u18+b3 | http://m/debian bookworm/main amd64 Packages
+qemu-system-gui | 1:10.0.3~bpo12+1 | http://m/debian bookworm-backports/main amd64 Packages";
+        let got = newest_in_suite(madison, "qemu-system-x86", "bookworm-backports").expect("found");
+        assert_eq!(got.version, "1:10.0.2+ds-2+deb13u1~bpo12+1");
+        assert_eq!(
+            newest_in_suite(madison, "qemu-system-x86", "bookworm").map(|p| p.version),
+            Some("1:7.2+dfsg-7+deb12u18+b3".to_owned())
+        );
+        assert!(newest_in_suite(madison, "qemu-system-x86", "sid").is_none());
+    }
 }

@@ -651,6 +651,7 @@ fn boot(
         // The console (progress lines R/T/E/F) goes to stderr: a long boot shows where it is.
         echo: true,
         host_files,
+        overlays: Vec::new(),
     };
     // A guest that stops making progress as a whole (no console line before the deadline, or
     // a stall the kernel reports) is killed and booted once more.

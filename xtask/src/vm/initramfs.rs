@@ -77,6 +77,11 @@ impl<W: Write> Cpio<W> {
         self.entry(name, 0o020_600, (major, minor), &[])
     }
 
+    /// A symbolic link `name` -> `target` (the target is the link's data, as in newc).
+    pub fn symlink(&mut self, name: &str, target: &str) -> io::Result<()> {
+        self.entry(name, 0o120_777, (0, 0), target.as_bytes())
+    }
+
     /// Writes the trailer and returns the writer.
     pub fn finish(mut self) -> io::Result<W> {
         self.entry("TRAILER!!!", 0, (0, 0), &[])?;
@@ -104,6 +109,9 @@ pub struct Guest<'a> {
     /// Host files copied to the same absolute path in the guest (symlinks followed), e.g. a
     /// dynamically linked tool and its libraries.
     pub host_files: &'a [PathBuf],
+    /// Host directories laid over the guest's root: `<dir>/usr/bin/x` becomes `/usr/bin/x`
+    /// (modes kept, symlinks kept as symlinks), e.g. unpacked Debian packages.
+    pub overlays: &'a [PathBuf],
 }
 
 /// Directories every initramfs has (the init makes the mount points it needs below them).
@@ -152,9 +160,19 @@ fn write_to<W: Write>(out: W, g: &Guest) -> Result<W> {
         let name = m.file_name().unwrap_or_default().to_string_lossy();
         c.file(&format!("modules/{name}"), 0o644, &fs::read(m)?)?;
     }
-    let mut dirs = std::collections::BTreeSet::new();
+    let mut entries = Vec::new();
+    for root in g.overlays {
+        walk(root, Path::new(""), &mut entries).with_context(|| format!("reading {}", root.display()))?;
+    }
     for f in g.host_files {
-        let rel = f.strip_prefix("/").unwrap_or(f);
+        let rel = f.strip_prefix("/").unwrap_or(f).to_path_buf();
+        entries.push((rel, Entry::File(f.clone(), 0o755)));
+    }
+    let mut dirs = std::collections::BTreeSet::new();
+    for (rel, entry) in &entries {
+        if matches!(entry, Entry::Dir) {
+            dirs.insert(rel.clone());
+        }
         for a in rel.ancestors().skip(1).filter(|a| !a.as_os_str().is_empty()) {
             dirs.insert(a.to_path_buf());
         }
@@ -165,12 +183,48 @@ fn write_to<W: Write>(out: W, g: &Guest) -> Result<W> {
             c.dir(&d.to_string_lossy())?;
         }
     }
-    for f in g.host_files {
-        let data = fs::read(f).with_context(|| format!("reading {}", f.display()))?;
-        let rel = f.strip_prefix("/").unwrap_or(f);
-        c.file(&rel.to_string_lossy(), 0o755, &data)?;
+    for (rel, entry) in &entries {
+        let name = rel.to_string_lossy();
+        match entry {
+            Entry::Dir => {}
+            Entry::File(host, mode) => {
+                let data = fs::read(host).with_context(|| format!("reading {}", host.display()))?;
+                c.file(&name, *mode, &data)?;
+            }
+            Entry::Symlink(target) => c.symlink(&name, target)?,
+        }
     }
     Ok(c.finish()?)
+}
+
+/// What a guest path is made of.
+enum Entry {
+    Dir,
+    /// A host file (read when the archive is written) and its permission bits.
+    File(PathBuf, u32),
+    /// A symbolic link's target, as the link holds it.
+    Symlink(String),
+}
+
+/// Every entry below `root/rel`, as (guest path relative to `/`, entry), directories first.
+fn walk(root: &Path, rel: &Path, out: &mut Vec<(PathBuf, Entry)>) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let mut children: Vec<_> = fs::read_dir(root.join(rel))?.collect::<io::Result<_>>()?;
+    children.sort_by_key(fs::DirEntry::file_name);
+    for child in children {
+        let rel = rel.join(child.file_name());
+        let meta = fs::symlink_metadata(child.path())?;
+        if meta.is_symlink() {
+            let target = fs::read_link(child.path())?;
+            out.push((rel, Entry::Symlink(target.to_string_lossy().into_owned())));
+        } else if meta.is_dir() {
+            out.push((rel.clone(), Entry::Dir));
+            walk(root, &rel, out)?;
+        } else {
+            out.push((rel, Entry::File(child.path(), meta.permissions().mode() & 0o7777)));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -194,6 +248,7 @@ mod tests {
             hugepages_2m: 4,
             hugepages_1g: 0,
             host_files: &[],
+            overlays: &[],
         };
         if !Path::new("/bin/busybox").exists() {
             eprintln!("no /bin/busybox here: only the configuration is checked");
@@ -215,6 +270,71 @@ mod tests {
         let shell = Payload::Shell("echo hi; exit 3".into());
         let g = Guest { payload: &shell, ..g };
         assert!(config(&g).contains(&("shell", b"echo hi; exit 3".to_vec())));
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    /// (name, mode, data) of every entry of a newc archive, trailer excluded.
+    fn entries(cpio: &[u8]) -> Vec<(String, u32, Vec<u8>)> {
+        let hex = |b: &[u8]| u32::from_str_radix(std::str::from_utf8(b).unwrap(), 16).unwrap() as usize;
+        let align = |n: usize| n.div_ceil(4) * 4;
+        let (mut at, mut out) = (0, Vec::new());
+        while cpio[at..].starts_with(b"070701") {
+            let h = &cpio[at..at + 110];
+            let (mode, size, name_len) = (hex(&h[14..22]), hex(&h[54..62]), hex(&h[94..102]));
+            let name = String::from_utf8_lossy(&cpio[at + 110..at + 110 + name_len - 1]).into_owned();
+            let data_at = align(at + 110 + name_len);
+            if name == "TRAILER!!!" {
+                break;
+            }
+            out.push((name, mode as u32, cpio[data_at..data_at + size].to_vec()));
+            at = align(data_at + size);
+        }
+        out
+    }
+
+    #[test]
+    fn overlays_keep_modes_symlinks_and_empty_directories() {
+        use std::os::unix::fs::PermissionsExt as _;
+        if !Path::new("/bin/busybox").exists() {
+            eprintln!("SKIPPED overlays_keep_modes_symlinks_and_empty_directories: no /bin/busybox here");
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("xtask-overlay-{}", std::process::id()));
+        let root = dir.join("root");
+        fs::create_dir_all(root.join("usr/bin")).unwrap();
+        fs::create_dir_all(root.join("usr/share/empty")).unwrap();
+        fs::write(root.join("usr/bin/tool"), b"tool-bytes").unwrap();
+        fs::set_permissions(root.join("usr/bin/tool"), fs::Permissions::from_mode(0o750)).unwrap();
+        fs::write(root.join("usr/share/data.bin"), b"data").unwrap();
+        fs::set_permissions(root.join("usr/share/data.bin"), fs::Permissions::from_mode(0o644)).unwrap();
+        std::os::unix::fs::symlink("tool", root.join("usr/bin/alias")).unwrap();
+        let init = dir.join("init");
+        fs::write(&init, b"init").unwrap();
+        let payload = Payload::Shell(String::new());
+        let g = Guest {
+            init: &init,
+            dmaprof: None,
+            modules: &[],
+            payload: &payload,
+            out_dir: "/out",
+            hugepages_2m: 0,
+            hugepages_1g: 0,
+            host_files: &[],
+            overlays: std::slice::from_ref(&root),
+        };
+        let all = entries(&write_to(Vec::new(), &g).unwrap());
+        let get = |n: &str| all.iter().find(|e| e.0 == n).unwrap_or_else(|| panic!("{n} missing"));
+        assert_eq!(get("usr/bin/tool").1, 0o100_750);
+        assert_eq!(get("usr/bin/tool").2, b"tool-bytes");
+        assert_eq!(get("usr/share/data.bin").1, 0o100_644);
+        assert_eq!(
+            (get("usr/bin/alias").1, &get("usr/bin/alias").2[..]),
+            (0o120_777, &b"tool"[..])
+        );
+        assert_eq!(get("usr/share/empty").1, 0o040_755);
+        let position = |n: &str| all.iter().position(|e| e.0 == n).unwrap();
+        assert!(position("usr") < position("usr/share") && position("usr/share") < position("usr/share/data.bin"));
+        assert_eq!(all.iter().filter(|e| e.0 == "usr").count(), 1, "each directory once");
         let _ = fs::remove_dir_all(&dir);
     }
 }

@@ -10,6 +10,7 @@
 //! Everything downloaded or built lives under `$DMAPROF_CACHE` (default `~/.cache/dmaprof`).
 mod apt;
 pub mod bench;
+mod guest_qemu;
 mod initramfs;
 mod kernel;
 mod kunit;
@@ -119,6 +120,8 @@ struct Plan<'a> {
     echo: bool,
     /// Host files to copy into the guest at the same path.
     host_files: Vec<PathBuf>,
+    /// Host directories laid over the guest's root (`initramfs::Guest::overlays`).
+    overlays: Vec<PathBuf>,
 }
 
 /// The guest directory dmaprof writes to: the value of `-o`/`--out` in `args`.
@@ -158,12 +161,13 @@ fn option_value(args: &[String], short: char, long: &str) -> Option<String> {
     None
 }
 
-/// `dmaprof run` without `-o` gets `-o /out`; returns the args and the guest output dir.
+/// `dmaprof run` or `record` without `-o` gets `-o /out` (the directory shipped back; their
+/// own default is below the guest's working directory); returns the args and the guest output dir.
 fn guest_args(mut args: Vec<String>) -> (Vec<String>, String) {
     match out_option(&args) {
         Some(dir) => (args, dir),
         None => {
-            if args.first().is_some_and(|a| a == "run") {
+            if args.first().is_some_and(|a| a == "run" || a == "record") {
                 args.splice(1..1, ["-o".to_owned(), "/out".to_owned()]);
             }
             (args, "/out".to_owned())
@@ -198,6 +202,7 @@ fn execute(plan: Plan) -> std::result::Result<qemu::Outcome, qemu::BootError> {
         hugepages_2m: plan.hugepages_2m,
         hugepages_1g: plan.hugepages_1g,
         host_files: &plan.host_files,
+        overlays: &plan.overlays,
     };
     initramfs::write(&initrd, &guest).map_err(setup_err)?;
     let boot = qemu::Boot {
@@ -334,6 +339,7 @@ pub fn run(args: VmArgs) -> Result<()> {
         Some(cmd) => Payload::Shell(cmd),
         None => Payload::Dmaprof(args.args),
     };
+    let (overlays, host_files) = guest_tools(&payload, &cache)?;
     eprintln!(
         "xtask: booting {} ({} RAM, {} CPUs, TCG; timeout {}s)",
         kernel.label, mem, args.smp, args.timeout
@@ -350,7 +356,8 @@ pub fn run(args: VmArgs) -> Result<()> {
         append: &args.append,
         timeout: Duration::from_secs(args.timeout),
         echo: true,
-        host_files: Vec::new(),
+        host_files,
+        overlays,
     })?;
     if args.hugepages_1g > 0 {
         let got = outcome.console.iter().find_map(|l| {
@@ -393,6 +400,24 @@ pub fn run(args: VmArgs) -> Result<()> {
     Ok(())
 }
 
+/// What the guest needs besides dmaprof for `payload` (as `Plan::overlays`, `Plan::host_files`):
+/// QEMU with its firmware and libraries when the dmaprof arguments run `qemu-system-x86_64`
+/// (about 60 MB, so only then).
+fn guest_tools(payload: &Payload, cache: &Path) -> Result<(Vec<PathBuf>, Vec<PathBuf>)> {
+    match payload {
+        Payload::Dmaprof(args) if guest_qemu::named_in(args) => {
+            let qemu = guest_qemu::prepare(cache)?;
+            eprintln!(
+                "xtask: shipping QEMU {} into the guest as /usr/bin/{}",
+                qemu.version,
+                guest_qemu::BINARY
+            );
+            Ok((vec![qemu.root], qemu.libraries))
+        }
+        _ => Ok((Vec::new(), Vec::new())),
+    }
+}
+
 /// `cargo xtask run` without --host: `dmaprof run <args>` in the VM with the custom kernel.
 pub fn run_default(args: Vec<String>) -> Result<()> {
     let mut all = vec!["run".to_owned()];
@@ -429,11 +454,25 @@ pub fn test() -> Result<()> {
 }
 
 /// A dynamically linked host binary with the shared libraries `ldd` lists for it and the
-/// dynamic loader: what the guest needs to run it (as `host_files`).
+/// dynamic loader: what the guest needs to run it (as `host_files`). A library `ldd` cannot
+/// find on this host is an error naming it (the guest could not start the binary either).
 pub(crate) fn with_libraries(binary: &Path) -> Result<Vec<PathBuf>> {
     let out = Command::new("ldd").arg(binary).output().context("running ldd")?;
     let mut files = vec![binary.to_owned()];
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
+    let text = String::from_utf8_lossy(&out.stdout);
+    let missing: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("=> not found"))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    if !missing.is_empty() {
+        bail!(
+            "{} needs {} that this host does not have (install the Debian packages that ship them)",
+            binary.display(),
+            missing.join(", ")
+        );
+    }
+    for line in text.lines() {
         // "libx.so.1 => /lib/x86_64-linux-gnu/libx.so.1 (0x...)" or "/lib64/ld-linux-x86-64.so.2 (0x...)".
         let path = line
             .split("=>")
@@ -462,6 +501,16 @@ mod unit {
         let (args, dir) = guest_args(strings(&["run", "-b", "1G"]));
         assert_eq!(args, strings(&["run", "-o", "/out", "-b", "1G"]));
         assert_eq!(dir, "/out");
+        let (args, _) = guest_args(strings(&["record", "--", "qemu-system-x86_64", "-o", "x"]));
+        assert_eq!(
+            args,
+            strings(&["record", "-o", "/out", "--", "qemu-system-x86_64", "-o", "x"])
+        );
+        let (args, dir) = guest_args(strings(&["record", "-o", "/r", "--", "true"]));
+        assert_eq!(
+            (args, dir.as_str()),
+            (strings(&["record", "-o", "/r", "--", "true"]), "/r")
+        );
     }
 
     #[test]

@@ -17,6 +17,7 @@ use serde_json::Value;
 
 mod direction;
 mod faults;
+mod record_qemu;
 mod soak;
 
 use super::{Payload, Plan, cache_dir, execute, kernel, qemu, transfer, unpack_archive};
@@ -64,7 +65,7 @@ struct VmTest {
 }
 
 /// Every VM test, in the order they run.
-const TESTS: [VmTest; 18] = [
+const TESTS: [VmTest; 19] = [
     VmTest {
         name: "boot_custom_doctor",
         kernel: KernelName::Custom,
@@ -139,6 +140,11 @@ const TESTS: [VmTest; 18] = [
         name: "kernels_compare_the_right_way",
         kernel: KernelName::Custom,
         run: direction::kernels_compare,
+    },
+    VmTest {
+        name: "record_qemu_type1_and_iommufd",
+        kernel: KernelName::Custom,
+        run: record_qemu::record_qemu,
     },
     VmTest {
         name: "faults_survived",
@@ -316,6 +322,7 @@ fn plan<'a>(c: &'a Ctx, with_dmaprof: bool, payload: Payload) -> Plan<'a> {
         timeout: BOOT_TIMEOUT,
         echo: false,
         host_files: Vec::new(),
+        overlays: Vec::new(),
     }
 }
 

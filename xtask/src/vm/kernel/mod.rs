@@ -84,7 +84,7 @@ pub fn prepare(choice: &Choice, user_modules: Option<&Path>, cache: &Path) -> Re
 }
 
 /// Directory-name-safe form of a Debian version.
-fn sanitize(version: &str) -> String {
+pub(crate) fn sanitize(version: &str) -> String {
     version
         .chars()
         .map(|c| {
