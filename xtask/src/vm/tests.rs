@@ -751,7 +751,7 @@ fn ktap_check(c: &Ctx, report: &Path) -> Result<String, String> {
 
 /// Findings `dmaprof explain` must make on the custom kernel's matrix (rule, case), and ones
 /// it must not: native iommufd maps hugetlb in large IOMMU pages.
-const FINDINGS: [(&str, &str, bool); 7] = [
+const FINDINGS: [(&str, &str, bool); 8] = [
     ("demand_faults_in_map", "vfio_type1_iommu_anonymous.none", true),
     ("demand_faults_in_map", "vfio_type1_iommu_anonymous.populate", false),
     (
@@ -764,6 +764,11 @@ const FINDINGS: [(&str, &str, bool); 7] = [
     ("unmap_iova_walk", "iommufd_anonymous_hugetlb_2mb.populate", true),
     (
         "slower_than_other_mode",
+        "iommufd_compat_type1_anonymous_hugetlb_2mb.populate",
+        true,
+    ),
+    (
+        "iotlb_sync_per_map",
         "iommufd_compat_type1_anonymous_hugetlb_2mb.populate",
         true,
     ),
