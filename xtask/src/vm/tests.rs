@@ -1921,8 +1921,8 @@ fn signals_in_guest(c: &Ctx) -> Outcome {
     let dir = scratch("signals");
     // One uninterrupted run first calibrates how long a run takes in this boot; the even runs'
     // signals land uniformly over 0..85% of that (set-up, probe attach, the passes, clean-up),
-    // the odd runs' within 2.5 s of the first case starting (`<case> (N iterations x SIZE)`:
-    // the warm-up's phases, the scout's attach and phases, the first passes).
+    // the odd runs' within 0.8 s of the first case starting (`<case> (N iterations x SIZE)`:
+    // its warm-up's phases; with 2.5 s, 20 of 20 once landed in set-up and pass switches).
     // 4 KiB pages (--thp never) keep the map phases long against the pass switches.
     let run = "/bin/dmaprof run --bind -b 32M -v vfio_type1_iommu_anonymous -v iommufd_memfd_hugetlb_2mb \
                --prefault none,populate -n 1 --thp never";
@@ -1943,9 +1943,10 @@ while [ $i -lt {SIGNAL_RUNS} ]; do
   if [ $((i % 2)) = 0 ]; then
     d=$(( (RANDOM * 32768 + RANDOM) % (T * 85 / 100 + 1) ))
   else
-    # Aim at the workload: wait for the first case to start, then up to 2.5 s more (the warm-up, the scout and the first passes).
+    # Aim at the workload: wait for the first case to start, then up to 0.8 s more (its warm-up's phases; the scout's
+    # probe attach follows, and a later window lands mostly in pass switches).
     n=0; while ! grep -q ' iterations x ' /out/e$i.txt && [ $n -lt 600 ]; do usleep 20000; n=$((n + 1)); done
-    d=$((RANDOM % 2500))
+    d=$((RANDOM % 800))
   fi
   usleep $((d * 1000)); kill -$s $p; wait $p; rc=$?
   /bin/dmaprof doctor --leftovers > /out/l$i.txt 2>&1; l=$?
