@@ -120,6 +120,7 @@ function openTarget() {
 }
 window.addEventListener('hashchange', openTarget);
 window.addEventListener('load', openTarget);
+document.querySelectorAll('details.flamegraphs[open]').forEach(openFlamegraphs);
 "##;
 
 /// A whole page around `body`: its title, the style and the script.
