@@ -21,6 +21,8 @@ use crate::{
     size::ByteSize,
 };
 
+mod ftrace_profile;
+
 /// Host-side limit for a guest that should finish: the 40-case matrix takes about 200 s of
 /// TCG when the host is idle and more when it is not (stock kernels also boot slower).
 const BOOT_TIMEOUT: Duration = Duration::from_secs(540);
@@ -60,7 +62,7 @@ struct VmTest {
 }
 
 /// Every VM test, in the order they run.
-const TESTS: [VmTest; 15] = [
+const TESTS: [VmTest; 16] = [
     VmTest {
         name: "boot_custom_doctor",
         kernel: KernelName::Custom,
@@ -110,6 +112,11 @@ const TESTS: [VmTest; 15] = [
         name: "iommu_tracepoints_agree",
         kernel: KernelName::Custom,
         run: iommu_tracepoints,
+    },
+    VmTest {
+        name: "exact_rows_match_ftrace_profiler",
+        kernel: KernelName::Custom,
+        run: ftrace_profile::run,
     },
     VmTest {
         name: "bad_devices_and_bind",
