@@ -17,6 +17,7 @@ use serde_json::Value;
 
 mod direction;
 mod faults;
+mod ftrace_profile;
 mod record_qemu;
 mod soak;
 
@@ -65,7 +66,7 @@ struct VmTest {
 }
 
 /// Every VM test, in the order they run.
-const TESTS: [VmTest; 19] = [
+const TESTS: [VmTest; 20] = [
     VmTest {
         name: "boot_custom_doctor",
         kernel: KernelName::Custom,
@@ -115,6 +116,11 @@ const TESTS: [VmTest; 19] = [
         name: "iommu_tracepoints_agree",
         kernel: KernelName::Custom,
         run: iommu_tracepoints,
+    },
+    VmTest {
+        name: "exact_rows_match_ftrace_profiler",
+        kernel: KernelName::Custom,
+        run: ftrace_profile::run,
     },
     VmTest {
         name: "bad_devices_and_bind",
