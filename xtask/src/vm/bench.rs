@@ -55,6 +55,38 @@ pub struct BenchArgs {
     /// Where the markdown goes (relative to the workspace).
     #[arg(long, default_value = "docs/bench.md")]
     out: PathBuf,
+    /// Only these guest configurations (comma-separated; `untraced`, which every ratio is
+    /// of, always runs), e.g. `all_passes,exact_pass` for many rounds of the exact pass alone.
+    #[arg(long, value_delimiter = ',', value_parser = config_name)]
+    configs: Vec<String>,
+    /// Iterations of each selected pass per guest run (`-n` and `--traced-iterations`): more
+    /// narrow the in-process ratios of `all_passes`.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=50))]
+    iterations: u32,
+}
+
+impl BenchArgs {
+    /// The guest configurations this bench runs, in table order.
+    fn guest_configs(&self) -> Vec<Config> {
+        GUEST_CONFIGS
+            .iter()
+            .filter(|c| self.configs.is_empty() || c.name == "untraced" || self.configs.iter().any(|n| n == c.name))
+            .copied()
+            .collect()
+    }
+}
+
+/// A `--configs` entry: one of [`GUEST_CONFIGS`].
+fn config_name(s: &str) -> Result<String, String> {
+    let names: Vec<&str> = GUEST_CONFIGS.iter().map(|c| c.name).collect();
+    if names.contains(&s) {
+        Ok(s.to_owned())
+    } else {
+        Err(format!(
+            "no bench configuration {s:?}; the guest ones are {}",
+            names.join(", ")
+        ))
+    }
 }
 
 /// The case every overhead run uses in the guest: a fault and a pin per 4 KiB page (with
@@ -420,7 +452,7 @@ fn guest(args: &BenchArgs) -> Result<String> {
     let _ = write!(
         script,
         r#"up() {{ cut -d' ' -f1 /proc/uptime | tr -d .; }}
-B="/bin/dmaprof run --json -b {size_bytes} -v {GUEST_CASE} -n 3 --traced-iterations 3 --thp never"
+B="/bin/dmaprof run --json -b {size_bytes} -v {GUEST_CASE} -n {n} --traced-iterations {n} --thp never"
 attempt() {{ # name round dmaprof-options; fails if the run hung
   rm -rf /tmp/o
   $B $3 -o /tmp/o > /dev/null 2> /tmp/err & dp=$!
@@ -441,14 +473,16 @@ one() {{ # name round dmaprof-options: a run that hangs is killed and run once m
 }}
 {bt}"#,
         bt = bt_function(1200, "/tmp", "/out"),
-        size_bytes = args.size.bytes()
+        size_bytes = args.size.bytes(),
+        n = args.iterations
     );
-    let names: Vec<&str> = GUEST_CONFIGS.iter().map(|c| c.name).collect();
+    let configs = args.guest_configs();
+    let names: Vec<&str> = configs.iter().map(|c| c.name).collect();
     for round in 0..args.rounds {
         // Rotate the order each round so no configuration always runs first.
         let k = round as usize % names.len();
         for c in names[k..].iter().chain(&names[..k]) {
-            let c = GUEST_CONFIGS.iter().find(|x| x.name == *c).expect("listed");
+            let c = configs.iter().find(|x| x.name == *c).expect("listed");
             match (c.dmaprof, c.bpftrace) {
                 (Some(opts), _) => {
                     let _ = writeln!(script, "one {} {round} '{opts}'", c.name);
@@ -469,13 +503,13 @@ one() {{ # name round dmaprof-options: a run that hangs is killed and run once m
     eprintln!(
         "xtask: bench: {} rounds x {} configurations in one boot (TCG: this takes a while)",
         args.rounds,
-        GUEST_CONFIGS.len()
+        configs.len()
     );
     let dir = scratch.join("guest");
     let console = boot(&custom, &init, &dmaprof, host_files, script, gib(4), &dir)?;
 
     let mut results: Results = BTreeMap::new();
-    for c in GUEST_CONFIGS {
+    for c in &configs {
         for round in 0..args.rounds {
             if let Ok(text) = fs::read_to_string(dir.join(format!("{}-{round}.json", c.name))) {
                 if let Ok(v) = serde_json::from_str(&text) {
@@ -497,11 +531,12 @@ one() {{ # name round dmaprof-options: a run that hangs is killed and run once m
         md,
         "## Tracing overhead in the guest\n\nCustom kernel {release} under QEMU TCG (no KVM here: every \
          instruction is emulated, so absolute times are slow and kprobe traps cost more than on hardware). \
-         Case `{GUEST_CASE}` with `--thp never` (4 KiB pages), {} per map, 3 iterations of the selected pass \
+         Case `{GUEST_CASE}` with `--thp never` (4 KiB pages), {} per map, {} iterations of the selected pass \
          per run. dmaprof attached {} probe-table functions ({} of \
          them in vmlinux by fentry/fexit when fentry is on, the rest by kprobe/kretprobe); bpftrace 0.17 (Debian) \
          got the same list as kprobe/kretprobe, less the compiler clones it cannot name.\n",
         args.size,
+        args.iterations,
         functions.len(),
         fentry_rows
     );
@@ -524,7 +559,7 @@ one() {{ # name round dmaprof-options: a run that hangs is killed and run once m
         map("sampled_pass"),
         map("bt_profile")
     );
-    md += &overhead_table(&results, GUEST_CONFIGS, GUEST_CASE, &["map", "unmap", "mmap"]);
+    md += &overhead_table(&results, &configs, GUEST_CASE, &["map", "unmap", "mmap"]);
     let in_run = median(in_run_ratios(&results, "all_passes", GUEST_CASE, "map", "exact"));
     let _ = writeln!(
         md,
