@@ -129,6 +129,10 @@ pub const CATEGORY_RULES: &[(&str, Category)] = &[
     ("clear_highpage*", Category::Zeroing),
     ("process_huge_page", Category::Zeroing),
     ("kernel_init_pages", Category::Zeroing),
+    // A new page's set-up: little work, unless init_on_alloc or __GFP_ZERO has it clear the
+    // page, which is then nearly all of it.
+    ("prep_new_page", Category::Zeroing),
+    ("post_alloc_hook", Category::Zeroing),
     // Faulting: the fault handlers and the page allocator below them.
     ("handle_mm_fault", Category::Faulting),
     ("__handle_mm_fault", Category::Faulting),
