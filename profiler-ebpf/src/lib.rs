@@ -289,6 +289,9 @@ pub struct RowStats {
     pub child_calls: u64,
     /// How many of those were kprobe hits (the rest fentry), which cost differently.
     pub child_kprobe_calls: u64,
+    /// Tracepoint hits (page allocations, user faults) while this row was the innermost
+    /// probed call: their programs' cost is in this row's exclusive time.
+    pub event_hits: u64,
 }
 
 /// One active probed call.
@@ -309,6 +312,8 @@ pub struct Frame {
     pub child_calls: u64,
     /// How many of those were kprobe hits.
     pub child_kprobe_calls: u64,
+    /// Tracepoint hits while this was the innermost probed call.
+    pub event_hits: u64,
     /// Category index of the row (from its [`RowConfig`]).
     pub category: u32,
     /// Reserved; keeps the struct 8-byte sized.

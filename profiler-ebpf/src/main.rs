@@ -242,8 +242,27 @@ pub fn sys_exit(ctx: RawTracePointContext) -> u32 {
 pub fn page_fault_user(_ctx: RawTracePointContext) -> u32 {
     if let Some(c) = recording_phase().and_then(counters) {
         c.user_faults += 1;
+        event_hit();
     }
     0
+}
+
+/// Notes a tracepoint hit on the innermost probed call, whose exclusive time its program's
+/// cost lands in (attribution takes it out again).
+#[inline(always)]
+fn event_hit() {
+    let Some((depth, thread)) = call_stack() else {
+        return;
+    };
+    // SAFETY: valid map value pointer for the duration of the program.
+    let d = unsafe { *depth };
+    if d == 0 || d > MAX_CALL_DEPTH {
+        return;
+    }
+    if let Some(frame) = frame_at(thread, d - 1) {
+        // SAFETY: valid map value pointer for the duration of the program.
+        unsafe { (*frame).event_hits += 1 };
+    }
 }
 /// kmem:mm_page_alloc(page, order, gfp_flags, migratetype): every page allocation of the
 /// workload thread, counted by order.
@@ -255,6 +274,7 @@ pub fn page_alloc(ctx: RawTracePointContext) -> u32 {
         if let Some(n) = c.page_allocs.get_mut(slot) {
             *n += 1;
         }
+        event_hit();
     }
     0
 }
@@ -431,6 +451,7 @@ fn enter<C: EbpfContext>(ctx: &C, ip: u64, kprobe: bool, arg: impl FnOnce(i32) -
                 amount,
                 child_calls: 0,
                 child_kprobe_calls: 0,
+                event_hits: 0,
                 category: cfg.category,
                 _reserved: 0,
             }
@@ -485,6 +506,7 @@ fn leave<C: EbpfContext>(ctx: &C) -> u32 {
         stats.amount += frame.amount;
         stats.child_calls += frame.child_calls;
         stats.child_kprobe_calls += frame.child_kprobe_calls;
+        stats.event_hits += frame.event_hits;
     }
     if let Some(t) = thread {
         let i = frame.category as usize & (MAX_CATEGORIES - 1);

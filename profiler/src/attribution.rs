@@ -164,9 +164,20 @@ impl Demotion {
 
 /// Which rows to demote, from one iteration with every row attached (`scout`, recorded in slot
 /// iteration 0, and its phases' wall times): in each syscall phase whose rows' estimated
-/// cost exceeds [`DEMOTE_ABOVE`] of the rest of the phase, the costliest rows until it does not.
-pub fn demotions(scout: &Drained, walls: &[PhaseRun], rows: &[(usize, AttachedBy)], cost: &ProbeCost) -> Demotion {
+/// cost exceeds `limit` (a share, by default [`DEMOTE_ABOVE`]) of the rest of the phase, the
+/// costliest rows until it does not.
+pub fn demotions(
+    scout: &Drained,
+    walls: &[PhaseRun],
+    rows: &[(usize, AttachedBy)],
+    cost: &ProbeCost,
+    limit: f64,
+) -> Demotion {
     let mut out = Demotion::default();
+    if limit >= 1.0 {
+        // As much probe cost as the phase's own time or more is allowed: every row stays.
+        return out;
+    }
     // Not touch: with its fault rows demoted its kernel time would be nobody's, as no
     // syscall time contains it.
     for run in walls.iter().filter(|r| r.phase.is_syscall()) {
@@ -185,7 +196,7 @@ pub fn demotions(scout: &Drained, walls: &[PhaseRun], rows: &[(usize, AttachedBy
         let base = run.wall_ns.saturating_sub(total).max(1) as f64;
         let mut left: u64 = costs.iter().filter(|(r, _, _)| !out.has(*r)).map(|(_, _, c)| c).sum();
         for (row, calls, c) in costs {
-            if (left as f64) <= DEMOTE_ABOVE * base {
+            if (left as f64) <= limit * base {
                 break;
             }
             if out.has(row) {
@@ -416,9 +427,16 @@ fn exact_breakdown(
     rows.sort_by_key(|r| std::cmp::Reverse(r.inclusive_ns));
     let measured = untraced.map(|u| run.wall_ns.saturating_sub(u.median));
     let unprobed = c.syscall_ns.saturating_sub(rows.iter().map(|r| r.exclusive_ns).sum());
-    let costs = call_costs(&rows, input.cost, measured);
-    let calibrated = calibrated_total(&rows, input.cost).map(|t| t as u64);
-    let unprobed_overhead = costs.as_ref().map_or(0, |k| charge_overhead(&mut rows, k, unprobed));
+    let hits = Hits {
+        rows: &rows,
+        events: event_hits(&c),
+    };
+    let costs = call_costs(&hits, input.cost, measured);
+    let calibrated = calibrated_total(&hits, input.cost).map(|t| t as u64);
+    let events = hits.events;
+    let unprobed_overhead = costs
+        .as_ref()
+        .map_or(0, |k| charge_overhead(&mut rows, events, k, unprobed));
     let (categories, split_ns) = categorise(&mut rows, unprobed - unprobed_overhead, owners, phase);
     let probe_overhead_ns = costs.map(|_| rows.iter().map(|r| r.overhead_ns).sum::<u64>() + unprobed_overhead);
     let sum: u64 = categories.values().sum::<u64>() + probe_overhead_ns.unwrap_or(0);
@@ -518,13 +536,29 @@ fn demoted_rows(input: &CaseInput, phase: Phase) -> Vec<ExactRow> {
         .collect()
 }
 
-/// What the calibrated cost per call adds up to over one phase's rows, when the calibration
-/// covers every mechanism they used.
-fn calibrated_total(rows: &[ExactRow], calibrated: Option<&ProbeCost>) -> Option<f64> {
+/// One phase's probe hits: its rows' calls and its tracepoint hits.
+struct Hits<'a> {
+    rows: &'a [ExactRow],
+    /// Raw tracepoint hits of the workload thread in the phase.
+    events: u64,
+}
+
+/// The exact pass's tracepoint hits in a phase: each syscall's entry and exit, each user
+/// fault and each page allocation.
+fn event_hits(c: &PhaseCounters) -> u64 {
+    2 * c.syscalls + c.user_faults + c.page_allocs.iter().sum::<u64>()
+}
+
+/// What the calibrated cost per hit adds up to over one phase's rows and tracepoint hits,
+/// when the calibration covers every mechanism the rows used (tracepoints: where measured).
+fn calibrated_total(hits: &Hits, calibrated: Option<&ProbeCost>) -> Option<f64> {
     let c = calibrated?;
-    rows.iter()
+    let rows = hits
+        .rows
+        .iter()
         .map(|r| c.of(r.mechanism).map(|k| r.calls as f64 * k.ns))
-        .sum::<Option<f64>>()
+        .sum::<Option<f64>>()?;
+    Some(rows + c.tracepoint.map_or(0.0, |t| hits.events as f64 * t.ns))
 }
 
 /// The cost of a probed call, by mechanism, for one phase's rows. The calibration gives each
@@ -533,19 +567,20 @@ fn calibrated_total(rows: &[ExactRow], calibrated: Option<&ProbeCost>) -> Option
 /// hit inside the workload costs more than in the calibration loop. Without a calibration
 /// the measured cost is spread evenly over the calls, half inside each call and half in its
 /// caller. None when neither is known.
-fn call_costs(rows: &[ExactRow], calibrated: Option<&ProbeCost>, measured: Option<u64>) -> Option<ProbeCost> {
-    let calls: u64 = rows.iter().map(|r| r.calls).sum();
+fn call_costs(hits: &Hits, calibrated: Option<&ProbeCost>, measured: Option<u64>) -> Option<ProbeCost> {
+    let calls: u64 = hits.rows.iter().map(|r| r.calls).sum();
     let even = CallCost {
         ns: 1.0,
         own_share: 0.5,
     };
-    let calibrated_sum = calibrated_total(rows, calibrated);
+    let calibrated_sum = calibrated_total(hits, calibrated);
     let (weights, total) = match (calibrated, calibrated_sum) {
         (Some(c), Some(total)) => (c.clone(), total),
         _ => (
             ProbeCost {
                 fentry: Some(even),
                 kprobe: Some(even),
+                tracepoint: None,
                 errors: Vec::new(),
             },
             calls as f64,
@@ -560,15 +595,18 @@ fn call_costs(rows: &[ExactRow], calibrated: Option<&ProbeCost>, measured: Optio
     Some(ProbeCost {
         fentry: scaled(weights.fentry),
         kprobe: scaled(weights.kprobe),
+        tracepoint: scaled(weights.tracepoint),
         errors: Vec::new(),
     })
 }
 
 /// Takes the probes' cost out of the rows where it landed: a call's own share stays in its
 /// own exclusive time, the rest in its caller's (a probed row, or the unprobed syscall time
-/// `unprobed` for top-level calls). Sets each row's `overhead_ns` (never more than its
-/// exclusive time) and returns the part charged to the unprobed time.
-fn charge_overhead(rows: &mut [ExactRow], costs: &ProbeCost, unprobed: u64) -> u64 {
+/// `unprobed` for top-level calls); a tracepoint hit's cost stays in the innermost probed call
+/// around it, or the unprobed time for the `events` outside every row. Sets each row's
+/// `overhead_ns` (never more than its exclusive time) and returns the part charged to the
+/// unprobed time.
+fn charge_overhead(rows: &mut [ExactRow], events: u64, costs: &ProbeCost, unprobed: u64) -> u64 {
     let cost = |by: AttachedBy| {
         costs
             .of(by)
@@ -579,11 +617,14 @@ fn charge_overhead(rows: &mut [ExactRow], costs: &ProbeCost, unprobed: u64) -> u
     let caller_share = |kprobe_calls: u64, all_calls: u64| {
         kprobe_calls as f64 * kprobe_caller + all_calls.saturating_sub(kprobe_calls) as f64 * fentry_caller
     };
+    let event = costs.tracepoint.map_or(0.0, |t| t.ns);
     let (mut calls, mut kprobe_calls, mut child_calls, mut child_kprobe_calls) = (0, 0, 0, 0);
+    let mut row_events = 0;
     for r in rows.iter_mut() {
-        let own = r.calls as f64 * cost(r.mechanism).0;
+        let own = r.calls as f64 * cost(r.mechanism).0 + r.event_hits as f64 * event;
         let charge = own + caller_share(r.child_kprobe_calls, r.child_calls);
         r.overhead_ns = (charge as u64).min(r.exclusive_ns);
+        row_events += r.event_hits;
         calls += r.calls;
         kprobe_calls += if r.mechanism == AttachedBy::Kprobe { r.calls } else { 0 };
         child_calls += r.child_calls;
@@ -592,7 +633,7 @@ fn charge_overhead(rows: &mut [ExactRow], costs: &ProbeCost, unprobed: u64) -> u
     let top = caller_share(
         kprobe_calls.saturating_sub(child_kprobe_calls),
         calls.saturating_sub(child_calls),
-    );
+    ) + events.saturating_sub(row_events) as f64 * event;
     (top as u64).min(unprobed)
 }
 
@@ -648,6 +689,7 @@ fn exact_row(row: usize, st: &RowStats, mechanism: AttachedBy, phase: Phase) -> 
         exclusive_ns: st.exclusive_ns,
         child_calls: st.child_calls,
         child_kprobe_calls: st.child_kprobe_calls,
+        event_hits: st.event_hits,
         overhead_ns: 0,
         amount: st.amount,
         unit: r.amount.map(|(_, u)| u),
@@ -858,6 +900,7 @@ mod tests {
             amount: 8,
             child_calls: 0,
             child_kprobe_calls: 0,
+            event_hits: 0,
         }
     }
 
@@ -871,6 +914,7 @@ mod tests {
             exclusive_ns,
             child_calls: children.0,
             child_kprobe_calls: children.1,
+            event_hits: 0,
             overhead_ns: 0,
             amount: 0,
             unit: None,
@@ -886,17 +930,17 @@ mod tests {
             exact("vfio_pin_map_dma", AttachedBy::Kprobe, 1, (99, 0), 5_000),
             exact("iommu_map", AttachedBy::Fentry, 99, (0, 0), 50_000),
         ];
-        let costs = call_costs(&rows, None, Some(2_000)).unwrap();
-        let unprobed = charge_overhead(&mut rows, &costs, 1_000_000);
+        let costs = call_costs(&Hits { rows: &rows, events: 0 }, None, Some(2_000)).unwrap();
+        let unprobed = charge_overhead(&mut rows, 0, &costs, 1_000_000);
         assert_eq!(rows[0].overhead_ns, 1_000);
         assert_eq!(rows[1].overhead_ns, 990);
         assert_eq!(unprobed, 10);
         // Never more than a row measured.
         rows[0].exclusive_ns = 300;
-        charge_overhead(&mut rows, &costs, 1_000_000);
+        charge_overhead(&mut rows, 0, &costs, 1_000_000);
         assert_eq!(rows[0].overhead_ns, 300);
-        assert!(call_costs(&rows, None, None).is_none());
-        assert!(call_costs(&[], None, Some(5)).is_none());
+        assert!(call_costs(&Hits { rows: &rows, events: 0 }, None, None).is_none());
+        assert!(call_costs(&Hits { rows: &[], events: 0 }, None, Some(5)).is_none());
     }
 
     #[test]
@@ -910,6 +954,7 @@ mod tests {
                 ns: 1_000.0,
                 own_share: 0.2,
             }),
+            tracepoint: None,
             errors: Vec::new(),
         };
         let mut rows = [
@@ -917,9 +962,9 @@ mod tests {
             exact("iommu_map", AttachedBy::Fentry, 99, (0, 0), 1_000_000),
         ];
         // Without a measured cost the calibration stands as it is.
-        let costs = call_costs(&rows, Some(&cost), None).unwrap();
+        let costs = call_costs(&Hits { rows: &rows, events: 0 }, Some(&cost), None).unwrap();
         assert_eq!(costs, cost);
-        let unprobed = charge_overhead(&mut rows, &costs, 1_000_000);
+        let unprobed = charge_overhead(&mut rows, 0, &costs, 1_000_000);
         // Its own 200 ns of one kprobe hit, and 50 ns of each of its 99 fentry callees.
         assert_eq!(rows[0].overhead_ns, 5_150);
         assert_eq!(rows[1].overhead_ns, 4_950);
@@ -927,19 +972,60 @@ mod tests {
         assert_eq!(unprobed, 800);
         // With a measured cost, the calibration's proportions scaled to it: 1000 + 99 * 100 =
         // 10900 ns calibrated, 21800 measured, so every call costs twice as much.
-        let scaled = call_costs(&rows, Some(&cost), Some(21_800)).unwrap();
+        let scaled = call_costs(&Hits { rows: &rows, events: 0 }, Some(&cost), Some(21_800)).unwrap();
         assert_eq!(scaled.fentry.unwrap().ns, 200.0);
         assert_eq!(scaled.kprobe.unwrap().own_share, 0.2);
-        assert_eq!(calibrated_total(&rows, Some(&cost)), Some(10_900.0));
+        assert_eq!(
+            calibrated_total(&Hits { rows: &rows, events: 0 }, Some(&cost)),
+            Some(10_900.0)
+        );
         // A mechanism the calibration lacks: back to the measured even split.
         let fentry_only = ProbeCost {
             kprobe: None,
             ..cost.clone()
         };
-        let even = call_costs(&rows, Some(&fentry_only), Some(1_000)).unwrap();
+        let even = call_costs(&Hits { rows: &rows, events: 0 }, Some(&fentry_only), Some(1_000)).unwrap();
         assert_eq!(even.kprobe.unwrap().ns, 10.0);
         assert_eq!(even.kprobe.unwrap().own_share, 0.5);
-        assert!(call_costs(&rows, Some(&fentry_only), None).is_none());
+        assert!(call_costs(&Hits { rows: &rows, events: 0 }, Some(&fentry_only), None).is_none());
+    }
+
+    #[test]
+    fn tracepoint_hits_cost_where_they_landed() {
+        let cost = ProbeCost {
+            fentry: Some(CallCost {
+                ns: 100.0,
+                own_share: 0.5,
+            }),
+            tracepoint: Some(CallCost {
+                ns: 40.0,
+                own_share: 0.0,
+            }),
+            ..ProbeCost::default()
+        };
+        let mut rows = [exact("__get_user_pages", AttachedBy::Fentry, 1, (0, 0), 1_000_000)];
+        // 100 page allocations inside the row, 10 more (and a syscall's entry and exit) outside.
+        rows[0].event_hits = 100;
+        let hits = Hits {
+            rows: &rows,
+            events: 112,
+        };
+        assert_eq!(calibrated_total(&hits, Some(&cost)), Some(100.0 + 112.0 * 40.0));
+        let costs = call_costs(&hits, Some(&cost), None).unwrap();
+        let unprobed = charge_overhead(&mut rows, 112, &costs, 1_000_000);
+        assert_eq!(rows[0].overhead_ns, 50 + 4_000);
+        assert_eq!(unprobed, 50 + 12 * 40);
+        // A measured cost scales the tracepoints with the rest.
+        let doubled = call_costs(
+            &Hits {
+                rows: &rows,
+                events: 112,
+            },
+            Some(&cost),
+            Some(9_160),
+        )
+        .unwrap();
+        assert_eq!(doubled.tracepoint.unwrap().ns, 80.0);
     }
 
     /// What one synthetic 1 MiB type1 case measured: two untraced iterations, one exact (slot
@@ -1199,10 +1285,11 @@ mod tests {
                 ns: 1000.0,
                 own_share: 0.5,
             }),
+            tracepoint: None,
             errors: Vec::new(),
         };
         // 10000 hits at 500 ns: 5 ms of a 10 ms phase. The 1 us of the one top call stays.
-        let d = demotions(&scout, &[run(Phase::Map, 10_000_000)], &attached, &cost);
+        let d = demotions(&scout, &[run(Phase::Map, 10_000_000)], &attached, &cost, DEMOTE_ABOVE);
         assert_eq!(d.rows(), [row("iommu_map")]);
         let why = &d.demoted[0].1;
         assert_eq!((why.calls, why.cost_ns, why.phase), (10_000, 5_000_000, Phase::Map));
@@ -1216,16 +1303,22 @@ mod tests {
         );
         // A phase that carries its probes keeps them all.
         assert!(
-            demotions(&scout, &[run(Phase::Map, 1_000_000_000)], &attached, &cost)
-                .demoted
-                .is_empty()
+            demotions(
+                &scout,
+                &[run(Phase::Map, 1_000_000_000)],
+                &attached,
+                &cost,
+                DEMOTE_ABOVE
+            )
+            .demoted
+            .is_empty()
         );
         demoted_time_is_split_by_samples(&d, &attached, "iommu_map");
         // A tail call leaves no frame of the demoted row: the caller's lost probed callees
         // (10000 in the scout, none in the exact pass) say where its time went.
         let mut scout = scout;
         scout.rows[0].2.child_calls = 10_000;
-        let d = demotions(&scout, &[run(Phase::Map, 10_000_000)], &attached, &cost);
+        let d = demotions(&scout, &[run(Phase::Map, 10_000_000)], &attached, &cost, DEMOTE_ABOVE);
         demoted_time_is_split_by_samples(&d, &attached, "intel_iommu_map_pages");
     }
 

@@ -1,12 +1,13 @@
 //! What the exact pass's probes cost per call, measured on the running kernel before the
 //! cases run: a cheap syscall called many times with nothing attached, then with the row
-//! programs on a kernel function it calls, by fentry and by kprobe. Attribution takes that cost out of
-//! the rows where the probe hits landed.
+//! programs on a kernel function it calls, by fentry and by kprobe, and then with the exact
+//! pass's tracepoints (the syscall's entry and exit hit two). Attribution takes that cost out
+//! of the rows where the probe hits landed.
 use std::time::Instant;
 
 use crate::{
     loader::{AttachError, CALIBRATION_SLOT, Probes},
-    probes::{AttachedBy, CallCost, ProbeCost},
+    probes::{AttachedBy, CallCost, Group, ProbeCost},
     symbols::KernelSymbols,
 };
 
@@ -19,7 +20,8 @@ const FUNCTION: &str = "__task_pid_nr_ns";
 const CALLS: u32 = 1000;
 const ROUNDS: u32 = 3;
 
-/// Measures each mechanism in `used` (the ones rows attached with). Nothing is left attached.
+/// Measures each mechanism in `used` (the ones rows and tracepoints attached with). Nothing
+/// is left attached.
 pub fn measure(probes: &mut Probes, symbols: &KernelSymbols, used: &[AttachedBy]) -> ProbeCost {
     let base = per_call_ns();
     let mut cost = ProbeCost::default();
@@ -33,7 +35,32 @@ pub fn measure(probes: &mut Probes, symbols: &KernelSymbols, used: &[AttachedBy]
             Err(why) => cost.errors.push(format!("{by} on {FUNCTION}: {why}")),
         }
     }
+    if used.contains(&AttachedBy::RawTracepoint) {
+        match tracepoints(probes, base) {
+            Ok(c) => cost.tracepoint = Some(c),
+            Err(why) => cost.errors.push(format!("raw tracepoints on getppid(): {why}")),
+        }
+    }
     cost
+}
+
+/// The cost of one raw tracepoint hit: getppid() with the exact pass's tracepoints attached
+/// hits its syscall entry and exit.
+fn tracepoints(probes: &mut Probes, base: f64) -> Result<CallCost, AttachError> {
+    let result = (|| {
+        probes.set_groups(&[Group::Tracepoints])?;
+        probes.set_phase(CALIBRATION_SLOT)?;
+        let traced = per_call_ns();
+        probes.set_phase(0)?;
+        Ok(CallCost {
+            ns: ((traced - base) / 2.0).max(0.0),
+            own_share: 0.0,
+        })
+    })();
+    let _ = probes.set_phase(0);
+    let _ = probes.set_groups(&[]);
+    let _ = probes.take_calibration_stats();
+    result
 }
 
 /// Why a mechanism's cost could not be measured (report.json's `probe_cost.errors` has it in
@@ -81,16 +108,30 @@ fn one(probes: &mut Probes, symbols: &KernelSymbols, by: AttachedBy, base: f64) 
     result
 }
 
-/// Wall ns per getppid() call: the fastest of [`ROUNDS`] rounds of [`CALLS`].
+/// Bytes written between two calls. Inside the workload a probe hit follows the zeroing or
+/// walking of pages, so the probe's code and data are no longer in the nearest caches; in a
+/// tight loop they would be, and a hit costs less there than in a map. Checked against runs
+/// that keep every row (`--demote-above 100`, 64 MiB, the five phases with 13 ms or more of
+/// probe cost, one boot): the calibrated cost over the measured one reads 0.66-1.16 without
+/// these writes, 0.76-1.35 with 16 KiB, 0.83-1.47 with 64 KiB, 1.7-3.1 with 1 MiB.
+const COLD_BYTES: usize = 16 << 10;
+
+/// Wall ns per getppid() call, each after [`COLD_BYTES`] of writes (not timed): the fastest of
+/// [`ROUNDS`] rounds of [`CALLS`].
 fn per_call_ns() -> f64 {
+    let mut cold = vec![0u8; COLD_BYTES];
     (0..ROUNDS)
-        .map(|_| {
-            let t = Instant::now();
-            for _ in 0..CALLS {
+        .map(|round| {
+            let mut spent = std::time::Duration::ZERO;
+            for i in 0..CALLS {
+                cold.fill((round + i) as u8);
+                std::hint::black_box(&cold);
+                let t = Instant::now();
                 // SAFETY: getppid has no preconditions and cannot fail.
                 std::hint::black_box(unsafe { libc::getppid() });
+                spent += t.elapsed();
             }
-            t.elapsed().as_nanos() as f64 / f64::from(CALLS)
+            spent.as_nanos() as f64 / f64::from(CALLS)
         })
         .fold(f64::INFINITY, f64::min)
 }

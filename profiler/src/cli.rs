@@ -39,7 +39,7 @@ impl Format {
     }
 }
 
-/// A percentage above zero (`--fail-above`). A clap value parser: the String is the message
+/// A percentage above zero (`--fail-above`, `--demote-above`). A clap value parser: the String is the message
 /// clap prints as the argument's error, nothing else reads it.
 fn percent(s: &str) -> Result<f64, String> {
     match s.trim_end_matches('%').parse::<f64>() {
@@ -212,6 +212,12 @@ pub struct RunArgs {
     /// `RUST_LOG=debug` does the same. They are counted in the report either way.
     #[arg(long)]
     pub debug: bool,
+    /// Demote (leave detached in the exact pass) the hottest probe rows of a syscall phase
+    /// while the rows' estimated probe cost exceeds this percentage of the rest of the phase;
+    /// their time is split by the sampled stacks. 100 or more keeps every row: exact call
+    /// counts and times everywhere, at the probes' full cost.
+    #[arg(long, value_name = "PERCENT", default_value_t = 3.0, value_parser = percent)]
+    pub demote_above: f64,
     /// Transparent huge pages for the anonymous and memfd backings: `system` (as configured),
     /// `never` (MADV_NOHUGEPAGE: 4 KiB pages), `always` (MADV_HUGEPAGE). With populate, the
     /// advice goes first and MADV_POPULATE_WRITE populates.
@@ -255,6 +261,7 @@ impl RunArgs {
             fail_map_allocs: self.fail_map_allocs,
             mechanisms: self.mechanisms.clone(),
             thp: self.thp,
+            demote_above: self.demote_above / 100.0,
             started,
         }
     }

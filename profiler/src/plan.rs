@@ -46,6 +46,9 @@ pub struct RunOptions {
     pub mechanisms: Vec<Mechanism>,
     /// Transparent huge pages for base-page backings.
     pub thp: Thp,
+    /// The share of a syscall phase the exact pass's probe rows may cost before the hottest
+    /// are demoted (a fraction: 0.03).
+    pub demote_above: f64,
 }
 
 /// Case selection and per-case skip reasons, decided before anything runs.
@@ -182,6 +185,7 @@ mod tests {
             started: Instant::now(),
             mechanisms: Vec::new(),
             thp: Thp::System,
+            demote_above: crate::attribution::DEMOTE_ABOVE,
         }
     }
 

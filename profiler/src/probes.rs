@@ -97,6 +97,11 @@ pub const PROBE_TABLE: &[ProbeRow] = &[
     row("hugetlb_fault"),
     row("folio_zero_user"),
     row("clear_huge_page"),
+    // A new page's own zeroing when init_on_alloc is on (Debian's default) or the caller asked
+    // for __GFP_ZERO: outside folio_zero_user, and as long again for a THP. Whichever of the
+    // two the build did not inline.
+    row("prep_new_page"),
+    row("post_alloc_hook"),
     // IOMMU core.
     bytes("iommu_map", 3),
     bytes("iommu_map_nosync", 3),
@@ -126,6 +131,10 @@ pub struct ProbeCost {
     pub fentry: Option<CallCost>,
     /// A kprobe/kretprobe pair.
     pub kprobe: Option<CallCost>,
+    /// One raw tracepoint hit (page allocation, user fault, syscall entry or exit): all of
+    /// it lands where the event happened, so its `own_share` is 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracepoint: Option<CallCost>,
     /// Why a mechanism the rows use could not be measured.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub errors: Vec<String>,

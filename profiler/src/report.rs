@@ -480,6 +480,10 @@ pub struct ExactRow {
     /// How many of those were kprobe hits (the rest fentry).
     #[serde(default)]
     pub child_kprobe_calls: u64,
+    /// Tracepoint hits (page allocations, user faults) while it was the innermost probed
+    /// call: their cost is in its exclusive time.
+    #[serde(default)]
+    pub event_hits: u64,
     /// The part of `exclusive_ns` estimated to be probe cost (its own and its probed callees'
     /// entry and return); its category gets the rest.
     #[serde(default)]

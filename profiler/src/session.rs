@@ -148,7 +148,13 @@ impl Session {
         report.probes = probes.as_ref().map(|p| p.status.clone()).unwrap_or_default();
         report.probe_cost = match (probes.as_mut(), symbols.as_ref()) {
             (Some(p), Some(s)) if self.opts.passes.contains(&Pass::Exact) => {
-                let used: Vec<AttachedBy> = p.attached_rows().into_iter().map(|(_, m)| m).collect();
+                let mut used: Vec<AttachedBy> = p.attached_rows().into_iter().map(|(_, m)| m).collect();
+                let tracepoints = p.status.iter().filter(|s| s.attached);
+                used.extend(
+                    tracepoints
+                        .map(|s| s.mechanism)
+                        .filter(|m| *m == AttachedBy::RawTracepoint),
+                );
                 Some(calibrate::measure(p, s, &used))
             }
             _ => None,
@@ -476,7 +482,7 @@ impl Session {
                 return Ok(Err(e));
             }
         };
-        let demotion = attribution::demotions(&drained, &walls, &p.attached_rows(), cost);
+        let demotion = attribution::demotions(&drained, &walls, &p.attached_rows(), cost, self.opts.demote_above);
         for line in demotion.describe() {
             eprintln!("dmaprof: {}: {line}", case.name());
         }

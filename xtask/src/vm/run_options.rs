@@ -8,6 +8,7 @@ pub const VALUED_SHORT: &[char] = &['b', 'd', 'n', 'o', 'v'];
 
 /// Long options that take a value.
 pub const VALUED_LONG: &[&str] = &[
+    "--demote-above",
     "--device",
     "--freq",
     "--iterations",
