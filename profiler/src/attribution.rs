@@ -139,6 +139,8 @@ pub struct Demotion {
     counts: Vec<(Phase, usize, RowStats)>,
     /// Every row's probed callees per phase in the scout.
     children: Vec<(Phase, usize, u64)>,
+    /// Page allocations by order per phase in the scout (the exact pass does not count them).
+    page_allocs: Vec<(Phase, [u64; crate::abi::PAGE_ORDERS])>,
 }
 
 impl Demotion {
@@ -220,6 +222,11 @@ pub fn demotions(
             out.counts.push((phase, *row, *st));
         }
         out.children.push((phase, *row, st.child_calls));
+    }
+    for (sl, c) in &scout.counters {
+        if let Some(phase) = phase_of_slot(*sl) {
+            out.page_allocs.push((phase, c.page_allocs));
+        }
     }
     out
 }
@@ -750,7 +757,7 @@ fn phase_report(phase: Phase, input: &CaseInput, cats: &CategoryCounts, owners: 
         per_page_ns: BTreeMap::new(),
         counters: Counters {
             cpu_faults: cov.cpu_faults.then(|| med(|c| c.user_faults)),
-            page_allocs: cov.page_allocs.then(|| page_allocs(&counters)),
+            page_allocs: cov.page_allocs.then(|| page_allocs(input.demotion, phase)).flatten(),
             minor_faults: Stats::of(head.iter().map(|(_, p)| p.minor_faults).collect()).median,
             major_faults: Stats::of(head.iter().map(|(_, p)| p.major_faults).collect()).median,
             syscalls: cov.syscalls.then(|| med(|c| c.syscalls)),
@@ -764,16 +771,16 @@ fn phase_report(phase: Phase, input: &CaseInput, cats: &CategoryCounts, owners: 
     Some(report)
 }
 
-/// Page allocations by order (only the orders that occurred): medians over the exact
-/// iterations.
-fn page_allocs(counters: &[PhaseCounters]) -> BTreeMap<u32, u64> {
-    (0..crate::abi::PAGE_ORDERS)
-        .map(|order| {
-            let runs = counters.iter().map(|c| c.page_allocs[order]).collect();
-            (order as u32, Stats::of(runs).median)
-        })
-        .filter(|(_, n)| *n > 0)
-        .collect()
+/// Page allocations by order (only the orders that occurred) in the scout iteration, which
+/// allocates as the measured ones do; None without a scout.
+fn page_allocs(scout: &Demotion, phase: Phase) -> Option<BTreeMap<u32, u64>> {
+    let (_, by_order) = scout.page_allocs.iter().find(|(p, _)| *p == phase)?;
+    Some(
+        (0..crate::abi::PAGE_ORDERS)
+            .map(|order| (order as u32, by_order[order]))
+            .filter(|(_, n)| *n > 0)
+            .collect(),
+    )
 }
 
 /// ns per 4 KiB page of a `bytes` buffer, per category, at `p`'s headline time.

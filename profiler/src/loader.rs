@@ -404,11 +404,11 @@ impl<'e> Attacher<'e> {
     }
 
     /// Loads and attaches one raw tracepoint.
-    pub fn tracepoint(&mut self, prog: &'static str, event: &'static str) -> Result<(), AttachError> {
+    pub fn tracepoint(&mut self, prog: &'static str, event: &'static str, group: Group) -> Result<(), AttachError> {
         program::<RawTracePoint>(self.ebpf, prog)?
             .load()
             .map_err(|e| load_error("raw tracepoint", &e))?;
-        self.hook(Group::Tracepoints, Target::Tracepoint(prog, event))
+        self.hook(group, Target::Tracepoint(prog, event))
     }
 
     /// Loads the sampler and attaches it to thread `tid`'s CPU clock at `freq_hz`.
@@ -708,7 +708,9 @@ fn attach_events(ebpf: &mut Ebpf, req: &Request) -> (Vec<ProbeStatus>, Vec<Hook>
     let mut status = Vec::new();
     for tp in TRACEPOINTS {
         let result = if req.mechanisms.contains(&Mechanism::Tracepoints) {
-            attacher.tracepoint(tp.program, tp.event).map_err(|e| e.to_string())
+            attacher
+                .tracepoint(tp.program, tp.event, tp.group)
+                .map_err(|e| e.to_string())
         } else {
             Err(NOT_REQUESTED.into())
         };

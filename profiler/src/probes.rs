@@ -171,6 +171,8 @@ pub struct Tracepoint {
     pub category: &'static str,
     /// Event name.
     pub event: &'static str,
+    /// When it is attached.
+    pub group: Group,
 }
 
 /// The tracepoints: syscall time per phase, user page-fault counts, page allocations by order.
@@ -179,21 +181,25 @@ pub const TRACEPOINTS: &[Tracepoint] = &[
         program: abi::programs::SYS_ENTER,
         category: "raw_syscalls",
         event: "sys_enter",
+        group: Group::Tracepoints,
     },
     Tracepoint {
         program: abi::programs::SYS_EXIT,
         category: "raw_syscalls",
         event: "sys_exit",
+        group: Group::Tracepoints,
     },
     Tracepoint {
         program: abi::programs::PAGE_FAULT_USER,
         category: "exceptions",
         event: "page_fault_user",
+        group: Group::Tracepoints,
     },
     Tracepoint {
         program: abi::programs::PAGE_ALLOC,
         category: "kmem",
         event: "mm_page_alloc",
+        group: Group::Scout,
     },
 ];
 
@@ -271,6 +277,9 @@ pub enum Group {
     Rows,
     /// The raw tracepoints.
     Tracepoints,
+    /// Counts taken in the scout iteration only (page allocations by order): a hit per page
+    /// allocated would cost the exact pass of a 4 KiB map about 8% of its time.
+    Scout,
     /// The perf-event sampler.
     Sampler,
 }

@@ -17,7 +17,7 @@ use crate::{
     output::{self, OutDir, OutputError},
     plan::{self, Plan, PlanError, RunOptions},
     privileges,
-    probes::{AttachedBy, Pass, ProbeCost},
+    probes::{AttachedBy, Group, Pass, ProbeCost},
     report::{self, Config, Failed, Report, Skipped, Timing},
     size::ByteSize,
     stop::{Control, Stage},
@@ -468,7 +468,8 @@ impl Session {
         };
         control.enter(Stage::Switching(case.name(), Pass::Exact));
         p.set_demoted(&[]);
-        p.set_groups(Pass::Exact.groups()).map_err(CaseError::Probes)?;
+        p.set_groups(&[Group::Rows, Group::Tracepoints, Group::Scout])
+            .map_err(CaseError::Probes)?;
         let mut obs = SlotObserver::new(Some(&mut *p), 0, control, case);
         let r = workload::run_iteration(workload, dma, &mut obs, control.cancel_flag());
         if let Some(e) = obs.error.take() {
