@@ -178,9 +178,10 @@ struct RowPlan {
     fentry_able: bool,
 }
 
-/// Loads the object with what it watches and the syscall numbers filled in.
-/// The kernel's BTF is parsed once and given to the loader (which would parse it again).
-pub fn load(watch: &Watched, sample_map_entries: Option<u32>, btf: Option<&Btf>) -> Result<Ebpf, AttachError> {
+/// Loads the object with what it watches and the syscall numbers filled in. Without the
+/// kernel's BTF: it would serve only CO-RE relocations, and the programs have none (Rust emits
+/// no field-access relocations), while aya's loader would parse all of it once more.
+fn load(watch: &Watched, sample_map_entries: Option<u32>) -> Result<Ebpf, AttachError> {
     let ignored: i64 = libc::SYS_bpf;
     let (tid, by_process, ioctls) = match watch {
         Watched::Thread(tid) => (*tid, 0, [abi::RecordIoctl::default(); abi::MAX_RECORD_IOCTLS]),
@@ -196,8 +197,8 @@ pub fn load(watch: &Watched, sample_map_entries: Option<u32>, btf: Option<&Btf>)
         memory: [libc::SYS_mmap, libc::SYS_munmap, libc::SYS_madvise, libc::SYS_mremap],
     };
     let mut loader = EbpfLoader::new();
-    loader.btf(btf);
     loader
+        .btf(None)
         .override_global(abi::TARGET_TID_GLOBAL, &tid, true)
         .override_global(abi::IGNORED_SYSCALL_GLOBAL, &ignored, true)
         .override_global(abi::WATCH_GLOBAL, &mode, true)
@@ -735,11 +736,33 @@ fn attach_events(ebpf: &mut Ebpf, req: &Request) -> (Vec<ProbeStatus>, Vec<Hook>
     (status, attacher.hooks)
 }
 
+/// The BPF object loaded, nothing attached yet, with the kernel's BTF fentry binds by.
+pub struct Loaded {
+    ebpf: Ebpf,
+    btf: Option<Btf>,
+}
+
+/// Loads the object for `watch`, parsing the kernel's BTF (fentry binds by it) on another
+/// thread meanwhile when `rows` are to be attached.
+pub fn load_object(watch: &Watched, sample_map_entries: Option<u32>, rows: bool) -> Result<Loaded, AttachError> {
+    std::thread::scope(|s| {
+        let btf = s.spawn(move || rows.then(|| Btf::from_sys_fs().ok()).flatten());
+        let ebpf = load(watch, sample_map_entries);
+        let btf = btf.join().ok().flatten();
+        Ok(Loaded { ebpf: ebpf?, btf })
+    })
+}
+
 /// Plans, loads and attaches what `req` asks for, and returns the activated probes. A probe
 /// that cannot attach is recorded in `status`; only a failed load is an error.
 pub fn attach(req: &Request) -> Result<Probes, AttachError> {
-    let btf = Btf::from_sys_fs().ok();
-    let mut ebpf = load(&req.watch, req.sample_map_entries, btf.as_ref())?;
+    let rows = req.rows.is_none_or(|r| !r.is_empty());
+    attach_loaded(load_object(&req.watch, req.sample_map_entries, rows)?, req)
+}
+
+/// Attaches what `req` asks for to an object [`load_object`] loaded for `req.watch`.
+pub fn attach_loaded(loaded: Loaded, req: &Request) -> Result<Probes, AttachError> {
+    let Loaded { mut ebpf, btf } = loaded;
     let (mut status, mut hooks, left) = attach_rows(&mut ebpf, btf, req)?;
     let (events, event_hooks) = attach_events(&mut ebpf, req);
     status.extend(events);

@@ -161,15 +161,21 @@ impl Recorder {
     /// the duration passes or `control` is cancelled; writes report.json.
     pub fn execute(self, control: &Control) -> Result<RecordReport, RecordError> {
         control.enter(Stage::Attaching);
-        let symbols = KernelSymbols::load().ok();
-        let mut probes = loader::attach(&Request {
-            watch: Watched::Processes(recorded_ioctls()),
-            freq_hz: self.opts.freq_hz,
-            mechanisms: &self.opts.mechanisms,
-            symbols: symbols.as_ref(),
-            sample_map_entries: None,
-            rows: None,
-        })?;
+        let watch = Watched::Processes(recorded_ioctls());
+        let pending = KernelSymbols::load_in_background();
+        let loaded = loader::load_object(&watch, None, true);
+        let symbols = pending.wait();
+        let mut probes = loader::attach_loaded(
+            loaded?,
+            &Request {
+                watch,
+                freq_hz: self.opts.freq_hz,
+                mechanisms: &self.opts.mechanisms,
+                symbols: symbols.as_ref(),
+                sample_map_entries: None,
+                rows: None,
+            },
+        )?;
         let exact = !probes.attached_rows().is_empty();
         let mut ring = probes.take_calls()?;
         let mut report = self.new_report(&probes, symbols.as_ref());

@@ -21,7 +21,7 @@ use crate::{
     report::{self, Config, Failed, Report, Skipped, Timing},
     size::ByteSize,
     stop::{Control, Stage},
-    symbols::KernelSymbols,
+    symbols::{KernelSymbols, Pending},
     sys::{self, FileLock, LockError},
     workload::{self, Phase, PhaseObserver, WorkloadError},
 };
@@ -137,14 +137,23 @@ impl Session {
     /// Runs the plan on the calling thread (the probes watch this thread only) and writes the
     /// report.
     pub fn execute(self, control: &Control) -> Result<Report, RunError> {
-        control.enter(Stage::SetUp);
-        let symbols = KernelSymbols::load().ok();
-        let mut report = self.new_report(symbols.as_ref());
         control.enter(Stage::Attaching);
         let started = Instant::now();
-        let mut probes = self.attach(symbols.as_ref())?;
-        report.timing.attach_ns = started.elapsed().as_nanos() as u64;
-        report.timing.start_to_attached_ns = self.opts.started.elapsed().as_nanos() as u64;
+        let pending = KernelSymbols::load_in_background();
+        let rows = self.opts.passes.contains(&Pass::Exact);
+        let loaded = self.load_object(rows);
+        // Probe rows are found by their addresses; stacks are named only after the run.
+        let (symbols, pending) = if rows {
+            (pending.wait(), None)
+        } else {
+            (None, Some(pending))
+        };
+        let mut probes = self.attach(loaded?, symbols.as_ref(), rows)?;
+        let attached = (started.elapsed(), self.opts.started.elapsed());
+        let symbols = pending.map_or(symbols, Pending::wait);
+        let mut report = self.new_report(symbols.as_ref());
+        report.timing.attach_ns = attached.0.as_nanos() as u64;
+        report.timing.start_to_attached_ns = attached.1.as_nanos() as u64;
         report.probes = probes.as_ref().map(|p| p.status.clone()).unwrap_or_default();
         report.probe_cost = match (probes.as_mut(), symbols.as_ref()) {
             (Some(p), Some(s)) if self.opts.passes.contains(&Pass::Exact) => {
@@ -237,20 +246,36 @@ impl Session {
         }
     }
 
-    /// Loads and attaches what the traced passes need, then detaches it again until a pass
-    /// asks for it (None: no traced pass).
-    fn attach(&self, symbols: Option<&KernelSymbols>) -> Result<Option<Probes>, AttachError> {
+    /// Loads the BPF object the traced passes need (None: no traced pass); `rows`: the exact
+    /// pass's probe rows will be attached.
+    fn load_object(&self, rows: bool) -> Result<Option<loader::Loaded>, AttachError> {
         if self.opts.passes.iter().all(|p| *p == Pass::Untraced) {
             return Ok(None);
         }
-        let mut probes = loader::attach(&Request {
-            watch: loader::Watched::Thread(sys::gettid()),
-            freq_hz: self.opts.freq_hz,
-            mechanisms: &self.opts.mechanisms,
-            symbols,
-            sample_map_entries: self.opts.sample_map_entries,
-            rows: None,
-        })?;
+        let watch = loader::Watched::Thread(sys::gettid());
+        loader::load_object(&watch, self.opts.sample_map_entries, rows).map(Some)
+    }
+
+    /// Attaches what the traced passes need to the loaded object (the probe rows only with
+    /// `rows`), then detaches it again until a pass asks for it.
+    fn attach(
+        &self,
+        loaded: Option<loader::Loaded>,
+        symbols: Option<&KernelSymbols>,
+        rows: bool,
+    ) -> Result<Option<Probes>, AttachError> {
+        let Some(loaded) = loaded else { return Ok(None) };
+        let mut probes = loader::attach_loaded(
+            loaded,
+            &Request {
+                watch: loader::Watched::Thread(sys::gettid()),
+                freq_hz: self.opts.freq_hz,
+                mechanisms: &self.opts.mechanisms,
+                symbols,
+                sample_map_entries: self.opts.sample_map_entries,
+                rows: (!rows).then_some(&[]),
+            },
+        )?;
         probes.set_groups(&[])?;
         Ok(Some(probes))
     }

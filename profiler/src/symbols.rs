@@ -5,6 +5,16 @@ use std::collections::BTreeMap;
 
 use crate::category::function_name;
 
+/// Kernel symbols being read by [`KernelSymbols::load_in_background`].
+pub struct Pending(std::thread::JoinHandle<Option<KernelSymbols>>);
+
+impl Pending {
+    /// The symbols, once read (None: unreadable).
+    pub fn wait(self) -> Option<KernelSymbols> {
+        self.0.join().ok().flatten()
+    }
+}
+
 /// Kernel function symbols by start address, and by name.
 pub struct KernelSymbols {
     by_addr: BTreeMap<u64, String>,
@@ -12,6 +22,12 @@ pub struct KernelSymbols {
 }
 
 impl KernelSymbols {
+    /// Starts reading /proc/kallsyms on another thread (about 100 ms, half of it the kernel's):
+    /// the BPF object loads meanwhile, and a run without probe rows attaches without waiting.
+    pub fn load_in_background() -> Pending {
+        Pending(std::thread::spawn(|| Self::load().ok()))
+    }
+
     /// Reads /proc/kallsyms. Addresses read as 0 (kptr_restrict) make every lookup fail, which
     /// is reported rather than hidden: frames then print as hex.
     pub fn load() -> std::io::Result<Self> {
