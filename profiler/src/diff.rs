@@ -587,6 +587,14 @@ mod tests {
             significance(&st(&[100_000]), &st(&[900_000])),
             Err(Noise::TooFewIterations)
         );
+        // Two reruns' maps in the guest: 4.2% apart, ranges tight and apart.
+        assert_eq!(
+            significance(
+                &st(&[20_202_438, 20_150_000, 20_260_000]),
+                &st(&[19_347_110, 19_300_000, 19_390_000])
+            ),
+            Err(Noise::TooSmallShare)
+        );
         // report.json and the diff's JSON keep the words they had.
         assert_eq!(Noise::TooSmall.to_string(), "change under 20 us");
     }

@@ -4,6 +4,11 @@
 /// noise on a phase of microseconds is not a kernel change.
 pub const MIN_CHANGE_NS: u64 = 20_000;
 
+/// Changes smaller than this share of the slower median are never significant: two processes
+/// of one build get their pages, and so a 4 KiB buffer its DMA chunks, differently, and two
+/// reruns' maps in the guest once differed by 4.2% with tight, apart ranges.
+pub const MIN_CHANGE_SHARE: f64 = 0.05;
+
 /// Why a change between two runs is noise, not a change (see [`significance`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Noise {
@@ -13,6 +18,9 @@ pub enum Noise {
     /// The medians differ by less than [`MIN_CHANGE_NS`].
     #[error("change under {} us", MIN_CHANGE_NS / 1000)]
     TooSmall,
+    /// The medians differ by less than [`MIN_CHANGE_SHARE`] of the slower one.
+    #[error("change under {:.0}%: what two processes of one build differ by", MIN_CHANGE_SHARE * 100.0)]
+    TooSmallShare,
     /// Some iteration of one run is as fast as some iteration of the other.
     #[error("the two runs' ranges overlap")]
     RangesOverlap,
@@ -26,8 +34,8 @@ pub enum Noise {
 /// and by at least [`MIN_CHANGE_NS`]. The second rule is there because two runs are two
 /// processes on different physical pages: the spread between runs is larger than the spread
 /// within one (two runs of the same case in the guest differed by 14% on a 2 ms unmap with
-/// ranges that just failed to overlap). With fewer than two iterations in either run nothing
-/// can be said. Returns why it is noise when it is.
+/// ranges that just failed to overlap), and so is [`MIN_CHANGE_SHARE`]. With fewer than two
+/// iterations in either run nothing can be said. Returns why it is noise when it is.
 pub fn significance(before: &crate::report::Stats, after: &crate::report::Stats) -> Result<(), Noise> {
     if before.runs.len() < 2 || after.runs.len() < 2 {
         return Err(Noise::TooFewIterations);
@@ -35,6 +43,9 @@ pub fn significance(before: &crate::report::Stats, after: &crate::report::Stats)
     let shift = before.median.abs_diff(after.median);
     if shift < MIN_CHANGE_NS {
         return Err(Noise::TooSmall);
+    }
+    if (shift as f64) < MIN_CHANGE_SHARE * before.median.max(after.median) as f64 {
+        return Err(Noise::TooSmallShare);
     }
     if !(after.min > before.max || after.max < before.min) {
         return Err(Noise::RangesOverlap);
