@@ -9,6 +9,7 @@ use crate::{
     category::{CATEGORIES, Category, CategoryCounts, base_function, category_of, classify, in_context},
     dma,
     flamegraph::Folded,
+    layout::LayoutModel,
     loader::{Drained, RawSample},
     matrix::Workload,
     probes::{AttachedBy, CallCost, PROBE_TABLE, Pass, ProbeCost, ProbeStatus},
@@ -141,6 +142,8 @@ pub struct Demotion {
     children: Vec<(Phase, usize, u64)>,
     /// Page allocations by order per phase in the scout (the exact pass does not count them).
     page_allocs: Vec<(Phase, [u64; crate::abi::PAGE_ORDERS])>,
+    /// Physical runs of the scout's buffer.
+    physical_runs: Option<u64>,
 }
 
 impl Demotion {
@@ -175,7 +178,10 @@ pub fn demotions(
     cost: &ProbeCost,
     limit: f64,
 ) -> Demotion {
-    let mut out = Demotion::default();
+    let mut out = Demotion {
+        physical_runs: walls.first().and_then(|w| w.physical_runs),
+        ..Demotion::default()
+    };
     if limit >= 1.0 {
         // As much probe cost as the phase's own time or more is allowed: every row stays.
         return out;
@@ -399,7 +405,7 @@ fn exact_breakdown(
     phase: Phase,
     exact: &[(u32, &PhaseRun)],
     input: &CaseInput,
-    untraced: Option<&Stats>,
+    untraced: Option<Reference>,
     owners: Option<&BTreeMap<Option<usize>, CategoryCounts>>,
 ) -> Exact {
     if let Err(why) = &input.coverage.exact {
@@ -432,7 +438,8 @@ fn exact_breakdown(
         })
         .collect();
     rows.sort_by_key(|r| std::cmp::Reverse(r.inclusive_ns));
-    let measured = untraced.map(|u| run.wall_ns.saturating_sub(u.median));
+    let reference = untraced.map(|u| u.at(run.physical_runs));
+    let measured = reference.map(|u| run.wall_ns.saturating_sub(u));
     let unprobed = c.syscall_ns.saturating_sub(rows.iter().map(|r| r.exclusive_ns).sum());
     let hits = Hits {
         rows: &rows,
@@ -458,6 +465,8 @@ fn exact_breakdown(
         categories,
         probe_overhead_ns,
         probe_overhead_measured_ns: measured,
+        untraced_reference_ns: reference,
+        physical_runs: run.physical_runs,
         probe_overhead_calibrated_ns: calibrated,
         probe_hits,
         unattributed_ns: run.wall_ns as i64 - sum as i64,
@@ -667,9 +676,63 @@ fn wall_stats(runs: &[(u32, &PhaseRun)]) -> Stats {
     Stats::of(runs.iter().map(|(_, p)| p.wall_ns).collect())
 }
 
+/// The iterations' physical runs, when every one was read.
+fn layout_stats(runs: &[(u32, &PhaseRun)]) -> Option<Stats> {
+    runs.iter()
+        .map(|(_, p)| p.physical_runs)
+        .collect::<Option<Vec<u64>>>()
+        .map(Stats::of)
+}
+
+/// The untraced pass of a phase, which traced iterations are held against: its wall times and,
+/// where every iteration's layout was read, the line that predicts them from it (how
+/// physically contiguous a buffer's pages come changes from iteration to iteration, and a
+/// 4 KiB buffer's map time follows it).
+#[derive(Clone, Copy)]
+struct Reference<'a> {
+    stats: &'a Stats,
+    layout: Option<LayoutModel>,
+}
+
+impl Reference<'_> {
+    /// What an untraced iteration takes on a buffer of `runs` physical runs (the median
+    /// where either side's layout is unknown).
+    fn at(&self, runs: Option<u64>) -> u64 {
+        match (self.layout, runs) {
+            (Some(m), Some(r)) => m.predict(r),
+            _ => self.stats.median,
+        }
+    }
+
+    /// `traced` iterations against it: per iteration at its own layout where known.
+    fn ratio(&self, traced: &[(u32, &PhaseRun)], wall: &Stats) -> Option<Ratio> {
+        let matched = self.layout.is_some() && traced.iter().all(|(_, p)| p.physical_runs.is_some());
+        if !matched {
+            return Ratio::of(wall, self.stats);
+        }
+        let mut r: Vec<f64> = traced
+            .iter()
+            .map(|(_, p)| p.wall_ns as f64 / self.at(p.physical_runs).max(1) as f64)
+            .collect();
+        r.sort_by(f64::total_cmp);
+        let n = r.len();
+        let median = if n % 2 == 1 {
+            r[n / 2]
+        } else {
+            (r[n / 2 - 1] + r[n / 2]) / 2.0
+        };
+        Some(Ratio {
+            median,
+            low: *r.first()?,
+            high: *r.last()?,
+            layout_matched: true,
+        })
+    }
+}
+
 /// The traced passes' times and their cost against the untraced pass (when it ran and the
 /// phase is long enough for a ratio to mean something).
-fn pass_times(input: &CaseInput, phase: Phase, untraced: Option<&Stats>) -> BTreeMap<Pass, PassTimes> {
+fn pass_times(input: &CaseInput, phase: Phase, untraced: Option<Reference>) -> BTreeMap<Pass, PassTimes> {
     [Pass::Exact, Pass::Sampled]
         .into_iter()
         .filter_map(|pass| {
@@ -677,9 +740,17 @@ fn pass_times(input: &CaseInput, phase: Phase, untraced: Option<&Stats>) -> BTre
             (!runs.is_empty()).then(|| {
                 let wall_ns = wall_stats(&runs);
                 let ratio = untraced
-                    .filter(|u| u.median >= MIN_RATIO_NS)
-                    .and_then(|u| Ratio::of(&wall_ns, u));
-                (pass, PassTimes { wall_ns, ratio })
+                    .filter(|u| u.stats.median >= MIN_RATIO_NS)
+                    .and_then(|u| u.ratio(&runs, &wall_ns));
+                let physical_runs = layout_stats(&runs);
+                (
+                    pass,
+                    PassTimes {
+                        wall_ns,
+                        ratio,
+                        physical_runs,
+                    },
+                )
             })
         })
         .collect()
@@ -737,7 +808,15 @@ fn phase_report(phase: Phase, input: &CaseInput, cats: &CategoryCounts, owners: 
     };
     let (cov, case) = (input.coverage, input.label);
     let file = |ext: &str| cov.samples.then(|| format!("{case}/{}.{ext}", phase.name()));
-    let untraced = (wall_pass == Pass::Untraced).then_some(&wall);
+    let physical_runs = layout_stats(&head);
+    let layout = physical_runs
+        .as_ref()
+        .filter(|_| wall_pass == Pass::Untraced)
+        .and_then(|r| {
+            let points: Vec<(u64, u64)> = r.runs.iter().copied().zip(wall.runs.iter().copied()).collect();
+            LayoutModel::fit(&points)
+        });
+    let untraced = (wall_pass == Pass::Untraced).then_some(Reference { stats: &wall, layout });
     let mut report = PhaseReport {
         name: phase,
         wall_pass,
@@ -764,6 +843,8 @@ fn phase_report(phase: Phase, input: &CaseInput, cats: &CategoryCounts, owners: 
             unbalanced: all_traced.iter().map(|c| c.unbalanced).sum(),
         },
         wall_ns: wall,
+        physical_runs,
+        layout,
         folded: file("folded"),
         flamegraph: file("svg"),
     };
@@ -877,6 +958,7 @@ pub fn case_report(input: &CaseInput) -> CaseOutput {
             page_size: w.case.backing.page_size(),
             phases,
             demoted: input.demotion.demoted.iter().map(|(_, d)| d.clone()).collect(),
+            scout_physical_runs: input.demotion.physical_runs,
         },
     }
 }
@@ -896,6 +978,7 @@ mod tests {
             wall_ns,
             minor_faults: 0,
             major_faults: 0,
+            physical_runs: None,
         }
     }
 
@@ -1165,6 +1248,56 @@ mod tests {
         assert_eq!(out.summary.stacks["map;[unattributed]"], 100);
         assert_eq!(out.report.map_ioctl.as_deref(), Some("VFIO_IOMMU_MAP_DMA"));
         assert!(out.report.phases.iter().all(|p| p.name != Phase::Touch));
+    }
+
+    #[test]
+    fn traced_iterations_are_held_against_untraced_ones_laid_out_alike() {
+        // As in the guest: iterations alternate between a contiguous buffer (500 runs, 70 ms)
+        // and a scattered one (16000 runs, 110 ms). An exact iteration on a scattered buffer
+        // is 5 ms over what an untraced one takes there, though 40 ms over the median.
+        let it = |map: u64, runs: u64| {
+            let mut r = vec![run(Phase::Mmap, 999_999), run(Phase::Map, map), run(Phase::Unmap, 50)];
+            for p in &mut r {
+                p.physical_runs = Some(runs);
+            }
+            r
+        };
+        let mut s = synthetic();
+        s.runs.insert(
+            Pass::Untraced,
+            vec![
+                (0, it(70_000_000, 500)),
+                (1, it(110_000_000, 16_000)),
+                (2, it(70_000_000, 520)),
+                (3, it(110_000_000, 16_020)),
+                (4, it(71_000_000, 540)),
+            ],
+        );
+        s.runs.insert(Pass::Exact, vec![(0, it(115_000_000, 16_010))]);
+        s.runs.insert(Pass::Sampled, vec![(1, it(77_000_000, 530))]);
+        let out = case_report(&s.input());
+        let p = phase_of(&out, Phase::Map);
+        assert_eq!(p.wall_ns.median, 71_000_000);
+        assert_eq!(p.physical_runs.as_ref().unwrap().runs, [500, 16_000, 520, 16_020, 540]);
+        let e = &p.exact;
+        assert_eq!(e.physical_runs, Some(16_010));
+        let reference = e.untraced_reference_ns.unwrap();
+        assert!((109_000_000..=111_000_000).contains(&reference), "{reference}");
+        let measured = e.probe_overhead_measured_ns.unwrap();
+        assert!((4_000_000..=6_000_000).contains(&measured), "{measured}");
+        let exact = p.passes[&Pass::Exact].ratio.unwrap();
+        assert!(
+            exact.layout_matched && (exact.median - 115.0 / 110.0).abs() < 0.01,
+            "{exact:?}"
+        );
+        let sampled = p.passes[&Pass::Sampled].ratio.unwrap();
+        assert!((sampled.median - 1.1).abs() < 0.01, "{sampled:?}");
+        // Without a layout on every traced iteration, the plain median ratio.
+        s.runs
+            .insert(Pass::Sampled, vec![(1, vec![run(Phase::Map, 77_000_000)])]);
+        let out = case_report(&s.input());
+        let sampled = phase_of(&out, Phase::Map).passes[&Pass::Sampled].ratio.unwrap();
+        assert!(!sampled.layout_matched && (sampled.median - 77.0 / 71.0).abs() < 1e-9);
     }
 
     #[test]

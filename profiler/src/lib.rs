@@ -33,6 +33,7 @@ pub mod html;
 pub mod hugepages;
 pub mod kernel;
 pub mod launch;
+pub mod layout;
 pub mod leftovers;
 pub mod loader;
 pub mod matrix;

@@ -193,6 +193,10 @@ pub struct CaseReport {
     /// Rows its exact pass ran without, and why.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub demoted: Vec<DemotedRow>,
+    /// Physical runs of the scout iteration's buffer, whose call counts the demoted rows
+    /// keep (a 4 KiB buffer's pin and map calls follow its runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scout_physical_runs: Option<u64>,
 }
 
 /// Median/min/max over iterations, plus every run.
@@ -278,6 +282,10 @@ pub struct PassTimes {
     /// This pass's wall time over the untraced one (None: no untraced pass, or the phase is
     /// under 1 ms, where a ratio is noise).
     pub ratio: Option<Ratio>,
+    /// Physical runs of each iteration's buffer (same order as `wall_ns.runs`; None where
+    /// the layout could not be read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub physical_runs: Option<Stats>,
 }
 
 /// A ratio with its spread.
@@ -289,6 +297,11 @@ pub struct Ratio {
     pub low: f64,
     /// The highest: slowest traced over fastest untraced.
     pub high: f64,
+    /// Whether each traced iteration was held against what the untraced pass takes on a
+    /// buffer laid out like its own (`layout` of the phase): then median, low and high are
+    /// the median, lowest and highest of those per-iteration ratios.
+    #[serde(default)]
+    pub layout_matched: bool,
 }
 
 impl Ratio {
@@ -299,6 +312,7 @@ impl Ratio {
             median: r(traced.median, untraced.median)?,
             low: r(traced.min, untraced.max)?,
             high: r(traced.max, untraced.min)?,
+            layout_matched: false,
         })
     }
 }
@@ -375,6 +389,15 @@ pub struct PhaseReport {
     /// The traced passes' wall times and what tracing cost against `wall_ns`.
     #[serde(default)]
     pub passes: BTreeMap<Pass, PassTimes>,
+    /// Physical runs of each headline iteration's buffer (same order as `wall_ns.runs`):
+    /// how many physically contiguous pieces its pages made (`/proc/self/pagemap`, read
+    /// before the munmap). A 4 KiB buffer's map and unmap follow it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub physical_runs: Option<Stats>,
+    /// The untraced wall time as a line in the physical runs (fitted over the untraced
+    /// iterations): what traced iterations are held against.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layout: Option<crate::layout::LayoutModel>,
     /// The cost model: ns per 4 KiB page of the buffer, per category, at the headline
     /// (untraced) time (exact shares less probe cost where measured, else sampled shares).
     /// For hugetlb backings multiply by the hugepage's 4 KiB pages for the cost per hugepage.
@@ -417,10 +440,17 @@ pub struct Exact {
     /// known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub probe_overhead_ns: Option<u64>,
-    /// This iteration's wall time minus the untraced pass's median (None without an untraced
+    /// This iteration's wall time minus `untraced_reference_ns` (None without an untraced
     /// pass): what the probes cost, measured, noise included.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub probe_overhead_measured_ns: Option<u64>,
+    /// What an untraced iteration takes on a buffer laid out like this one (the phase's
+    /// `layout` line at its physical runs), else the untraced median.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub untraced_reference_ns: Option<u64>,
+    /// This iteration's physical runs (see `PhaseReport::physical_runs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub physical_runs: Option<u64>,
     /// What the calibrated cost per call (`probe_cost`) adds up to over this iteration's
     /// probe hits (None: no calibration for a mechanism the rows used).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -207,7 +207,34 @@ fn case_table(case: &CaseReport) -> String {
     }
     out += &demoted(case);
     out += &allocated(case);
+    out += &layout(case);
     out
+}
+
+/// How physically contiguous the buffer came, iteration by iteration, where that moved the map
+/// (its runs differ by more than 10% between iterations): traced iterations are held against
+/// the untraced line at their own layout.
+fn layout(case: &CaseReport) -> String {
+    let Some(p) = case.phases.iter().find(|p| p.name == crate::workload::Phase::Map) else {
+        return String::new();
+    };
+    let (Some(runs), Some(line)) = (&p.physical_runs, &p.layout) else {
+        return String::new();
+    };
+    if (runs.max as f64) < runs.min as f64 * 1.1 {
+        return String::new();
+    }
+    let exact = p
+        .exact
+        .physical_runs
+        .map_or(String::new(), |r| format!(", the exact iteration {r}"));
+    format!(
+        "  physical layout: {}-{} contiguous runs over the untraced iterations{exact}; untraced map {} ms + {:.2} us per run\n",
+        runs.min,
+        runs.max,
+        ms(line.intercept_ns.max(0.0) as u64),
+        line.ns_per_run / 1e3
+    )
 }
 
 /// The pages each phase allocated, by size (the exact pass's kmem:mm_page_alloc counts).

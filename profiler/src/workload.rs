@@ -31,6 +31,9 @@ pub struct PhaseRun {
     pub minor_faults: u64,
     /// Major faults likewise.
     pub major_faults: u64,
+    /// How many physically contiguous runs the iteration's buffer made (read before its
+    /// munmap; None where its pages were not all present or frame numbers are hidden).
+    pub physical_runs: Option<u64>,
 }
 
 /// Why an iteration failed.
@@ -158,6 +161,7 @@ impl Iteration<'_> {
             wall_ns,
             minor_faults: min1 - min0,
             major_faults: maj1 - maj0,
+            physical_runs: None,
         });
         Ok(())
     }
@@ -253,6 +257,12 @@ impl Iteration<'_> {
     }
 
     fn munmap(&mut self) -> Result<(), WorkloadError> {
+        // Outside every timed phase: the layout the map and unmap worked on (the pages stay
+        // mapped in the process after the DMA unmap).
+        let layout = self
+            .buf
+            .addr
+            .and_then(|(a, l)| crate::layout::physical_runs(a as usize, l));
         self.timed(Phase::Munmap, |buf| {
             if let Some((addr, len)) = buf.addr.take() {
                 // SAFETY: exactly the mapping mmap returned.
@@ -261,7 +271,11 @@ impl Iteration<'_> {
                 }
             }
             Ok(())
-        })
+        })?;
+        for r in &mut self.runs {
+            r.physical_runs = layout;
+        }
+        Ok(())
     }
 
     fn close(&mut self) -> Result<(), WorkloadError> {

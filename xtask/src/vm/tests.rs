@@ -1398,7 +1398,9 @@ fn probe_cost_check(r: &Value) -> Result<String, String> {
 }
 
 /// The regression gate on the map phase: three reruns of one case never fail
-/// `diff --fail-above 10 --phase map` (exit 0), and 4x the size fails it (exit 1). Not on
+/// `diff --fail-above 25 --phase map` (exit 0), and 4x the size fails it (exit 1). 25%, not
+/// 10%: under TCG on a busy host a rerun's whole process can run slower (two reruns of the
+/// 2 MiB-THP map read 30.1-35.0 ms and 40.6-46.4 ms over their iterations, 1.20x). Not on
 /// unmap: a THP buffer's unmap follows how many contiguous runs its folios came in, which
 /// differs from process to process (two reruns once read 1.31x, every iteration of one above
 /// every iteration of the other).
@@ -1416,7 +1418,7 @@ fn gate_checks(found: &[Value], dir: &Path, problems: &mut Vec<String>) -> Strin
         }
     }
     if wrong.is_empty() {
-        "gate: 3 reruns pass at 10% on the map, 4x the size fails".into()
+        "gate: 3 reruns pass at 25% on the map, 4x the size fails".into()
     } else {
         let why = fs::read_to_string(dir.join("gate.txt")).unwrap_or_default();
         problems.push(format!("regression gate: {}; its stderr: {why}", wrong.join(", ")));
@@ -1455,10 +1457,10 @@ step diffs
 $D run --json -b 64M {case} -n 5 -o /tmp/a3 > /out/a3.json 2>> /out/err.txt || v a3_exit $?
 for pair in \"a b\" \"a a3\" \"b a3\"; do
   set -- $pair
-  $D diff --fail-above 10 --phase map /tmp/$1/report.json /tmp/$2/report.json -o /tmp/g$1$2 > /dev/null 2>> /out/gate.txt
+  $D diff --fail-above 25 --phase map /tmp/$1/report.json /tmp/$2/report.json -o /tmp/g$1$2 > /dev/null 2>> /out/gate.txt
   v gate_$1_$2 $?
 done
-$D diff --fail-above 10 --phase map /tmp/a/report.json /tmp/c/report.json -o /tmp/gsize > /dev/null 2>> /out/gate.txt
+$D diff --fail-above 25 --phase map /tmp/a/report.json /tmp/c/report.json -o /tmp/gsize > /dev/null 2>> /out/gate.txt
 v gate_size $?
 step gate
 for t in system never; do
@@ -1614,6 +1616,41 @@ fn thp_checks(dir: &Path, problems: &mut Vec<String>) -> Result<String, String> 
     ))
 }
 
+/// The physical layout dmaprof reads from pagemap against the kernel's own chunking: VFIO
+/// type1 pins one physically contiguous run per `vfio_pin_pages_remote` call, so its calls in
+/// an iteration are that iteration's runs (the scout's, where the row was demoted and keeps
+/// the scout's counts). On a 16 MiB buffer of 4 KiB pages (`--thp never`) and of THP folios.
+fn layout_checks(dir: &Path, problems: &mut Vec<String>) -> Result<String, String> {
+    let mut notes = Vec::new();
+    for t in ["never", "system"] {
+        let r = read_json(dir, &format!("thp-{t}.json"))?;
+        let c = case(&r, "vfio_type1_iommu_anonymous.none")?;
+        let map = phase(c, "map")?;
+        let row = map["exact"]["rows"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|r| r["function"] == "vfio_pin_pages_remote")
+            .ok_or(format!("--thp {t}: no vfio_pin_pages_remote row"))?;
+        let runs = if row["demoted"] == true {
+            &c["scout_physical_runs"]
+        } else {
+            &map["exact"]["physical_runs"]
+        };
+        let (calls, runs) = (ns(&row["calls"]), ns(runs));
+        let untraced = &map["physical_runs"]["runs"];
+        let note = format!("--thp {t}: {calls} pin calls, {runs} physical runs (untraced iterations {untraced})");
+        let pages_ok = untraced
+            .as_array()
+            .is_some_and(|v| !v.is_empty() && v.iter().all(|r| (1.0..=4096.0).contains(&ns(r))));
+        if !pages_ok || runs <= 0.0 || (calls - runs).abs() > (runs * 0.01).max(2.0) {
+            problems.push(format!("physical layout disagrees with the kernel's pin calls: {note}"));
+        }
+        notes.push(note);
+    }
+    Ok(notes.join(", "))
+}
+
 /// Untraced map times agree with a C program doing the same VFIO_IOMMU_MAP_DMA in the same
 /// boot; a self-diff and a rerun-diff show no significant change, 4x the size shows ~4x;
 /// `--thp never` really gives 4 KiB pages in the guest (whose THP is `always`).
@@ -1635,6 +1672,7 @@ fn measurement(c: &Ctx) -> Outcome {
     let diffs = diff_checks(&dir, &mut problems)?;
     let gate = gate_checks(&found, &dir, &mut problems);
     let thp = thp_checks(&dir, &mut problems)?;
+    let thp = format!("{thp}; {}", layout_checks(&dir, &mut problems)?);
     let cost = estimate_checks(&dir, &mut problems)?;
     if problems.is_empty() {
         Ok(format!(", {reference}; {diffs}; {gate}; {thp}; {cost}"))

@@ -1,0 +1,171 @@
+//! Where a buffer's pages sit in physical memory: how many physically contiguous runs they
+//! make, read from `/proc/self/pagemap`.
+//!
+//! A 4 KiB buffer's map and unmap cost follow that number (VFIO type1 pins, maps and unpins
+//! one contiguous run at a time), and it changes from iteration to iteration: pages freed by
+//! one munmap come back to the next fault in another order. Two iterations of one case can
+//! differ 2x in map time and 6x in unmap time for this reason alone, so a traced iteration is
+//! compared only with untraced ones whose pages lay alike.
+use std::{fs::File, os::unix::fs::FileExt};
+
+/// pagemap entry: page present in RAM.
+const PRESENT: u64 = 1 << 63;
+/// pagemap entry: the page frame number (bits 0-54; zero without CAP_SYS_ADMIN).
+const PFN_MASK: u64 = (1 << 55) - 1;
+/// The unit pagemap counts in.
+const BASE_PAGE: usize = 4096;
+
+/// How many physically contiguous runs the pages of `[addr, addr + len)` make, in the
+/// order of their virtual addresses; None when a page is not present or the kernel hides
+/// frame numbers (no CAP_SYS_ADMIN).
+pub fn physical_runs(addr: usize, len: usize) -> Option<u64> {
+    let pages = len.div_ceil(BASE_PAGE);
+    let file = File::open("/proc/self/pagemap").ok()?;
+    let mut raw = vec![0u8; pages * 8];
+    file.read_exact_at(&mut raw, (addr / BASE_PAGE * 8) as u64).ok()?;
+    let entries = raw
+        .chunks_exact(8)
+        .map(|b| u64::from_ne_bytes(b.try_into().expect("8 bytes")));
+    runs(entries)
+}
+
+/// Counts the runs of consecutive frame numbers in pagemap `entries`.
+fn runs(entries: impl Iterator<Item = u64>) -> Option<u64> {
+    let mut count = 0;
+    let mut prev: Option<u64> = None;
+    for e in entries {
+        let pfn = e & PFN_MASK;
+        if e & PRESENT == 0 || pfn == 0 {
+            return None;
+        }
+        if prev != Some(pfn.wrapping_sub(1)) {
+            count += 1;
+        }
+        prev = Some(pfn);
+    }
+    (count > 0).then_some(count)
+}
+
+/// What an untraced iteration takes on a buffer laid out in a given number of physical runs:
+/// a line through the untraced iterations' (runs, wall time), fitted by Theil-Sen (the median
+/// of the pairwise slopes, then the median intercept), which a single outlier iteration does
+/// not tilt. Where every iteration had the same layout it is flat at their median.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LayoutModel {
+    /// Added ns per physical run.
+    pub ns_per_run: f64,
+    /// ns at zero runs.
+    pub intercept_ns: f64,
+    /// The fewest and most runs the fit saw: predictions stay inside (no extrapolation).
+    pub runs_seen: (u64, u64),
+}
+
+impl LayoutModel {
+    /// Fits `(runs, wall_ns)` points; None with fewer than two.
+    pub fn fit(points: &[(u64, u64)]) -> Option<Self> {
+        if points.len() < 2 {
+            return None;
+        }
+        let mut slopes: Vec<f64> = Vec::new();
+        for (i, a) in points.iter().enumerate() {
+            for b in &points[i + 1..] {
+                if a.0 != b.0 {
+                    slopes.push((b.1 as f64 - a.1 as f64) / (b.0 as f64 - a.0 as f64));
+                }
+            }
+        }
+        let ns_per_run = median(&mut slopes).unwrap_or(0.0);
+        let mut intercepts: Vec<f64> = points.iter().map(|(r, w)| *w as f64 - ns_per_run * *r as f64).collect();
+        let intercept_ns = median(&mut intercepts)?;
+        let runs = points.iter().map(|p| p.0);
+        let runs_seen = (runs.clone().min()?, runs.max()?);
+        Some(Self {
+            ns_per_run,
+            intercept_ns,
+            runs_seen,
+        })
+    }
+
+    /// The predicted untraced wall time at `runs` (held to the range the fit saw).
+    pub fn predict(&self, runs: u64) -> u64 {
+        let r = runs.clamp(self.runs_seen.0, self.runs_seen.1);
+        (self.intercept_ns + self.ns_per_run * r as f64).max(0.0) as u64
+    }
+}
+
+fn median(v: &mut [f64]) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    Some(if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn present(pfns: &[u64]) -> Vec<u64> {
+        pfns.iter().map(|p| p | PRESENT).collect()
+    }
+
+    #[test]
+    fn consecutive_frames_make_one_run() {
+        assert_eq!(runs(present(&[10, 11, 12, 13]).into_iter()), Some(1));
+        assert_eq!(
+            runs(present(&[13, 12, 11, 10]).into_iter()),
+            Some(4),
+            "descending is not contiguous"
+        );
+        assert_eq!(runs(present(&[1, 2, 7, 8, 3]).into_iter()), Some(3));
+    }
+
+    #[test]
+    fn absent_or_hidden_pages_give_none() {
+        assert_eq!(runs([5 | PRESENT, 6].into_iter()), None);
+        assert_eq!(runs(present(&[0, 0]).into_iter()), None, "frame numbers hidden");
+        assert_eq!(runs(std::iter::empty()), None);
+    }
+
+    #[test]
+    fn this_process_sees_its_own_pages() {
+        // SAFETY: geteuid has no arguments and cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("SKIP: pagemap frame numbers need CAP_SYS_ADMIN (run as root)");
+            return;
+        }
+        let len = 64 * BASE_PAGE;
+        let mut buf = vec![1u8; len + BASE_PAGE];
+        let start = buf.as_mut_ptr() as usize;
+        let aligned = start.next_multiple_of(BASE_PAGE);
+        let n = physical_runs(aligned, len).expect("a written heap buffer is present");
+        assert!((1..=64).contains(&n), "{n} runs for 64 pages");
+    }
+
+    #[test]
+    fn the_layout_line_predicts_untraced_time_at_a_layout() {
+        // Untraced map iterations of a 64 MiB 4 KiB buffer in the guest: (runs, ms).
+        let ms = |v: f64| (v * 1e6) as u64;
+        let pts = [
+            (532, ms(71.0)),
+            (16052, ms(119.4)),
+            (660, ms(72.7)),
+            (16034, ms(143.8)),
+            (786, ms(71.0)),
+        ];
+        let m = LayoutModel::fit(&pts).unwrap();
+        let at = |r| m.predict(r) as f64 / 1e6;
+        assert!((70.0..74.0).contains(&at(863)), "{}", at(863));
+        assert!((110.0..125.0).contains(&at(16000)), "{}", at(16000));
+        assert_eq!(m.predict(1_000_000), m.predict(16052), "no extrapolation");
+        let flat = LayoutModel::fit(&[(1, 10), (1, 30), (1, 20)]).unwrap();
+        assert_eq!(flat.predict(1), 20, "one layout: the median");
+        assert_eq!(flat.predict(5), 20);
+        assert!(LayoutModel::fit(&[(1, 10)]).is_none());
+    }
+}
