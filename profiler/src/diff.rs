@@ -130,13 +130,49 @@ pub fn diff(before: &Report, after: &Report) -> RunDiff {
     }
     let names = |r: &Report| r.cases.iter().map(|c| c.name.clone()).collect::<Vec<_>>();
     let (nb, na) = (names(before), names(after));
+    let mut warnings = setup_differences(before, after);
+    for ca in &before.cases {
+        if let Some(cb) = after.cases.iter().find(|c| c.name == ca.name) {
+            warnings.extend(layout_difference(ca, cb));
+        }
+    }
     RunDiff {
-        warnings: setup_differences(before, after),
+        warnings,
         kernels: (before.kernel.release.clone(), after.kernel.release.clone()),
         only_before: nb.iter().filter(|n| !na.contains(n)).cloned().collect(),
         only_after: na.iter().filter(|n| !nb.contains(n)).cloned().collect(),
         phases,
     }
+}
+
+/// Where a case's buffer came in a different physical layout in the two runs (median runs
+/// 1.5x apart or more on the map phase): a 4 KiB map follows it, so part of the change is the
+/// layout's. Where both runs' untraced lines cover a common number of runs, the ratio at it.
+fn layout_difference(a: &crate::report::CaseReport, b: &crate::report::CaseReport) -> Option<String> {
+    let map = crate::workload::Phase::Map;
+    let pa = a.phases.iter().find(|p| p.name == map)?;
+    let pb = b.phases.iter().find(|p| p.name == map)?;
+    let (ra, rb) = (pa.physical_runs.as_ref()?.median, pb.physical_runs.as_ref()?.median);
+    if (ra.max(rb) as f64) < 1.5 * ra.min(rb).max(1) as f64 {
+        return None;
+    }
+    let common = match (&pa.layout, &pb.layout) {
+        (Some(la), Some(lb)) => {
+            let (lo, hi) = (la.runs_seen.0.max(lb.runs_seen.0), la.runs_seen.1.min(lb.runs_seen.1));
+            (lo <= hi).then(|| {
+                let at = rb.clamp(lo, hi);
+                let ratio = lb.predict(at) as f64 / la.predict(at).max(1) as f64;
+                format!("; at {at} runs in both the untraced map is x{ratio:.2}")
+            })
+        }
+        _ => None,
+    };
+    Some(format!(
+        "{}: the buffer's pages came in {ra} -> {rb} physically contiguous runs (median over the untraced \
+         iterations): the map follows them, not only the change{}",
+        a.name,
+        common.unwrap_or_else(|| "; their layouts do not overlap, so no comparison at equal layout".into())
+    ))
 }
 
 /// How two runs' set-ups differ.
@@ -597,5 +633,25 @@ mod tests {
         );
         // report.json and the diff's JSON keep the words they had.
         assert_eq!(Noise::TooSmall.to_string(), "change under 20 us");
+    }
+
+    #[test]
+    fn a_different_layout_is_told_with_the_ratio_at_equal_layout() {
+        let r = crate::report::parse(include_str!("../tests/data/matrix-7.3.json")).unwrap();
+        let mut a = r.cases[0].clone();
+        let mut b = a.clone();
+        let set = |c: &mut crate::report::CaseReport, runs: &[u64], ms: &[f64]| {
+            let p = c.phases.iter_mut().find(|p| p.name == Phase::Map).unwrap();
+            p.physical_runs = Some(Stats::of(runs.to_vec()));
+            let pts: Vec<(u64, u64)> = runs.iter().zip(ms).map(|(r, m)| (*r, (m * 1e6) as u64)).collect();
+            p.layout = crate::layout::LayoutModel::fit(&pts);
+        };
+        // Before mostly contiguous, after mostly scattered; at equal layout after is 10% faster.
+        set(&mut a, &[500, 600, 16_000], &[70.0, 71.0, 110.0]);
+        set(&mut b, &[550, 15_000, 16_000], &[63.0, 96.0, 99.0]);
+        let w = layout_difference(&a, &b).expect("600 -> 15000 runs is told");
+        assert!(w.contains("600 -> 15000 physically contiguous runs"), "{w}");
+        assert!(w.contains("x0.9"), "{w}");
+        assert_eq!(layout_difference(&a, &a), None, "same layout: nothing to say");
     }
 }

@@ -132,7 +132,12 @@ impl Reservation {
         }
         let got = read_u64(&dir.join("free_hugepages")).unwrap_or(0);
         if got < pages {
-            let hint = if size_kb >= 1 << 20 {
+            // The pool grew as asked, yet fewer are free: someone mapped them the moment
+            // they appeared.
+            let grew = read_u64(&path).is_some_and(|n| n >= want);
+            let hint = if grew {
+                "; the pool grew to hold them: another process took the pages reserved for this case"
+            } else if size_kb >= 1 << 20 {
                 "; 1 GiB pages usually need hugepagesz=1G hugepages=N on the kernel command line"
             } else {
                 "; memory is too fragmented or too small"
