@@ -114,7 +114,53 @@ pub const RULES: &[Rule] = &[
         id: "super_linear_growth",
         fires: super_linear_growth,
     },
+    Rule {
+        id: "scattered_pages",
+        fires: scattered_pages,
+    },
 ];
+
+/// The map of a buffer whose pages came physically scattered in some iterations and far less
+/// so in others, where the untraced line says each run costs time: what the scatter costs
+/// against this run's own best layout.
+fn scattered_pages(_: &Report, case: &CaseReport) -> Option<Fired> {
+    let map = phase(case, Phase::Map)?;
+    let (runs, line) = (map.physical_runs.as_ref()?, map.layout?);
+    // The mean, not the median: iterations alternate between layouts, and half of them may be
+    // the scattered ones.
+    let mean = runs.runs.iter().sum::<u64>() / runs.runs.len().max(1) as u64;
+    let at_stake = line.ns_per_run * mean.saturating_sub(runs.min) as f64;
+    let worth = at_stake >= 1e6 && at_stake >= 0.05 * map.wall_ns.median as f64;
+    if runs.max < runs.min.saturating_mul(2) || line.ns_per_run <= 0.0 || !worth {
+        return None;
+    }
+    let pages = (case.size_bytes / case.page_size.max(PAGE)).max(1);
+    Some(Fired {
+        phase: Phase::Map,
+        ns: at_stake as u64,
+        what: format!(
+            "the buffer's pages came in {}-{} physically contiguous runs from iteration to iteration, and the map \
+             pays for each run",
+            runs.min, runs.max
+        ),
+        why: "VFIO type1 pins, maps and later unpins one physically contiguous run per call \
+              (vfio_pin_pages_remote, iommu_map), so a scattered buffer costs a call and an IOMMU mapping per piece; \
+              pages one munmap frees come back to the next faults in another order"
+            .into(),
+        evidence: format!(
+            "untraced map {} ms + {:.2} us per run over the untraced iterations (runs {:?} of {pages} pages); \
+             at the mean {} runs that is {} more than at the fewest",
+            ms(line.intercept_ns.max(0.0) as u64),
+            line.ns_per_run / 1e3,
+            runs.runs,
+            mean,
+            ms(at_stake as u64)
+        ),
+        fix: "back the buffer with hugepages (hugetlb, or THP with MADV_HUGEPAGE: each folio is contiguous) or \
+              allocate it from freshly compacted memory (echo 1 > /proc/sys/vm/compact_memory before populating)"
+            .into(),
+    })
+}
 
 /// A mode is called out when its map takes this many times the fastest mode's on the same
 /// buffer (and the two runs' spreads do not overlap).
@@ -866,8 +912,11 @@ mod tests {
             "slower_than_other_mode",
             "iommufd_anonymous_hugetlb_2mb.none"
         ));
-        // The saved run swept no sizes; `super_linear_growth` has its own test.
-        for rule in RULES.iter().filter(|r| r.id != "super_linear_growth") {
+        // The saved run swept no sizes and read no layouts: those rules have their own tests.
+        for rule in RULES
+            .iter()
+            .filter(|r| !["super_linear_growth", "scattered_pages"].contains(&r.id))
+        {
             assert!(e.findings.iter().any(|f| f.rule == rule.id), "{} never fires", rule.id);
         }
         assert!(
@@ -923,6 +972,34 @@ mod tests {
         assert_eq!(f[0].ns, 40_000_000);
         let linear = explain(&swept([10_000_000, 20_000_000, 40_000_000]));
         assert!(!linear.findings.iter().any(|f| f.rule == "super_linear_growth"));
+    }
+
+    #[test]
+    fn a_scattered_buffer_is_told_with_what_its_runs_cost() {
+        let mut r = matrix();
+        let case = r
+            .cases
+            .iter_mut()
+            .find(|c| c.name == "vfio_type1_iommu_anonymous.none")
+            .unwrap();
+        let map = case.phases.iter_mut().find(|p| p.name == Phase::Map).unwrap();
+        // Guest iterations of a 64 MiB --thp never buffer: (runs, ms).
+        let pts = [(532, 71.0), (16052, 119.4), (660, 72.7), (16034, 143.8), (786, 71.0)];
+        map.physical_runs = Some(crate::report::Stats::of(pts.iter().map(|p| p.0).collect()));
+        map.layout = crate::layout::LayoutModel::fit(&pts.map(|(r, m)| (r, (m * 1e6) as u64)));
+        map.wall_ns = crate::report::Stats::of(pts.iter().map(|p| (p.1 * 1e6) as u64).collect());
+        let e = explain(&r);
+        let f = e.findings.iter().find(|f| f.rule == "scattered_pages").unwrap();
+        assert!(f.what.contains("532-16052 physically contiguous runs"), "{}", f.what);
+        assert!(
+            f.ns > 10_000_000 && f.evidence.contains("at the mean 6812 runs"),
+            "{f:?}"
+        );
+        assert!(!fired(
+            &explain(&matrix()),
+            "scattered_pages",
+            "vfio_type1_iommu_anonymous.none"
+        ));
     }
 
     #[test]
