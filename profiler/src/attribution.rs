@@ -714,13 +714,7 @@ impl Reference<'_> {
             .iter()
             .map(|(_, p)| p.wall_ns as f64 / self.at(p.physical_runs).max(1) as f64)
             .collect();
-        r.sort_by(f64::total_cmp);
-        let n = r.len();
-        let median = if n % 2 == 1 {
-            r[n / 2]
-        } else {
-            (r[n / 2 - 1] + r[n / 2]) / 2.0
-        };
+        let median = crate::layout::median(&mut r)?;
         Some(Ratio {
             median,
             low: *r.first()?,

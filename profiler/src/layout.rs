@@ -93,7 +93,8 @@ impl LayoutModel {
     }
 }
 
-fn median(v: &mut [f64]) -> Option<f64> {
+/// The median of `v` (mean of the middle two for an even count), sorting it; None when empty.
+pub fn median(v: &mut [f64]) -> Option<f64> {
     if v.is_empty() {
         return None;
     }
