@@ -1556,7 +1556,9 @@ fn diff_checks(dir: &Path, problems: &mut Vec<String>) -> Result<String, String>
         .and_then(|p| p.iter().find(|p| p["phase"] == "map"))
         .ok_or("the size diff has no map phase")?;
     let ratio = ns(&map["ratio"]);
-    if map["significant"] != true || !(2.5..6.0).contains(&ratio) {
+    // 4x the pages; under TCG the larger buffer has read 4.3x and 6.0x (its zeroing slower per
+    // byte), so the bound is loose: what matters is that the change is seen, and as a growth.
+    if map["significant"] != true || !(2.5..8.0).contains(&ratio) {
         problems.push(format!(
             "64M -> 256M map: ratio {ratio:.2}, significant {}",
             map["significant"]
