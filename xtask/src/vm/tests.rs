@@ -220,7 +220,19 @@ fn trials(tests: &'static [VmTest], bed: &Arc<Bed>) -> Vec<Trial> {
                     bed: &bed,
                 };
                 let started = Instant::now();
-                let outcome = (t.run)(&ctx);
+                let outcome = match (t.run)(&ctx) {
+                    // Under TCG on a shared host a guest process can run 1.2-1.6x slower than
+                    // the one before it, and whole-boot timings move more: a test is failed
+                    // only when a second boot fails it too (both reasons are printed).
+                    Err(first) => {
+                        eprintln!("xtask: {} failed, booting it once more: {first}", t.name);
+                        match (t.run)(&ctx) {
+                            Ok(note) => Ok(format!("{note} (passed on the second boot; the first: {first})")),
+                            Err(second) => Err(format!("{second} (the first boot: {first})")),
+                        }
+                    }
+                    ok => ok,
+                };
                 eprintln!(
                     "xtask: {} took {:.1}s{}",
                     t.name,
@@ -1259,10 +1271,13 @@ const PER_PAGE: [&str; 8] = [
 ];
 
 /// `-b 64M,128M,256M`: every case is fitted, the map's total and each per-page category holding
-/// 10% or more of it follow a line with R^2 >= 0.95, and each case has its plot.
+/// 10% or more of it follow a line with R^2 >= 0.95, and each case has its plot. Three exact
+/// iterations, so that the breakdown is the median one's: a single iteration once held 46 ms
+/// in `vfio_lock_acct` (waiting for the mm's lock; 0.3 ms at the size below) and bent the
+/// accounting line.
 fn size_sweep(c: &Ctx) -> Outcome {
     let args = format!(
-        "-b 64M,128M,256M {} -n 3 --passes untraced,exact",
+        "-b 64M,128M,256M {} -n 3 --traced-iterations 3 --passes untraced,exact",
         SWEPT_CASES.map(|n| format!("-v {n}")).join(" ")
     );
     let r = guest_run(c, "sweep", &args)?;
