@@ -1351,12 +1351,7 @@ fn demotion_check(r: &Value) -> Result<String, String> {
         .flatten()
         .filter_map(|d| d["function"].as_str())
         .collect();
-    let row = map["exact"]["rows"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|r| r["function"] == "iommu_map")
-        .ok_or(format!("{name} map has no iommu_map row"))?;
+    let row = exact_row(map, "iommu_map").ok_or(format!("{name} map has no iommu_map row"))?;
     if !demoted.contains(&"iommu_map") || row["demoted"] != true || ns(&row["calls"]) != 65536.0 {
         return Err(format!(
             "{name}: iommu_map not demoted with the scout's 65536 calls (demoted {demoted:?}, row {row})"
@@ -1487,6 +1482,15 @@ step keep
 v done yes
 "
     )
+}
+
+/// A phase's exact row for `function`.
+fn exact_row<'a>(phase: &'a Value, function: &str) -> Option<&'a Value> {
+    phase["exact"]["rows"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|r| r["function"] == function)
 }
 
 fn read_json(dir: &Path, file: &str) -> Result<Value, String> {
@@ -1643,12 +1647,7 @@ fn layout_checks(dir: &Path, problems: &mut Vec<String>) -> Result<String, Strin
         let r = read_json(dir, &format!("thp-{t}.json"))?;
         let c = case(&r, "vfio_type1_iommu_anonymous.none")?;
         let map = phase(c, "map")?;
-        let row = map["exact"]["rows"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|r| r["function"] == "vfio_pin_pages_remote")
-            .ok_or(format!("--thp {t}: no vfio_pin_pages_remote row"))?;
+        let row = exact_row(map, "vfio_pin_pages_remote").ok_or(format!("--thp {t}: no vfio_pin_pages_remote row"))?;
         let runs = if row["demoted"] == true {
             &c["scout_physical_runs"]
         } else {
