@@ -218,6 +218,12 @@ pub struct RunArgs {
     /// counts and times everywhere, at the probes' full cost.
     #[arg(long, value_name = "PERCENT", default_value_t = 3.0, value_parser = percent)]
     pub demote_above: f64,
+    /// Skip the primer: by default, after each attach or detach of probes, one discarded
+    /// iteration on a buffer of at most 2 MiB runs the case's code paths once, so that the
+    /// next measured iteration does not pay for the first run of the patched kernel text
+    /// (under emulation it is translated again: a fixed cost per switch, not per probe hit).
+    #[arg(long)]
+    pub no_prime: bool,
     /// Transparent huge pages for the anonymous and memfd backings: `system` (as configured),
     /// `never` (MADV_NOHUGEPAGE: 4 KiB pages), `always` (MADV_HUGEPAGE). With populate, the
     /// advice goes first and MADV_POPULATE_WRITE populates.
@@ -262,6 +268,7 @@ impl RunArgs {
             mechanisms: self.mechanisms.clone(),
             thp: self.thp,
             demote_above: self.demote_above / 100.0,
+            prime: !self.no_prime,
             started,
         }
     }

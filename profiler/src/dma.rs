@@ -418,12 +418,18 @@ impl DmaContext {
         unsafe { libc::read(efd.as_raw_fd(), count.as_mut_ptr().cast(), count.len()) == 8 }
     }
 
-    /// Maps the context's size at `addr` (or of `memfd` from offset 0, for MAP_FILE) at
-    /// [`Self::iova`].
-    pub fn map(&mut self, addr: u64, memfd: Option<RawFd>) -> Result<(), DmaError> {
+    /// Maps `len` bytes at `addr` (or of `memfd` from offset 0, for MAP_FILE) at
+    /// [`Self::iova`]: the context's size, or less (a primer's buffer).
+    pub fn map(&mut self, addr: u64, len: ByteSize, memfd: Option<RawFd>) -> Result<(), DmaError> {
+        if len > self.size {
+            return Err(DmaError::new(
+                format!("mapping {len} in a DMA context set up for {}", self.size),
+                io::Error::from_raw_os_error(libc::EINVAL),
+            ));
+        }
         let knob = self.inject.take();
         let armed = knob.as_ref().map(Armed::arm).transpose()?;
-        let r = self.map_once(addr, memfd);
+        let r = self.map_once(addr, len.bytes(), memfd);
         drop(armed);
         self.inject = knob;
         r.map_err(|mut e| {
@@ -432,7 +438,7 @@ impl DmaContext {
                     true => {
                         Some("ENOMEM: the kernel's fault injection, armed for this map, failed an allocation".into())
                     }
-                    false => crate::privileges::memlock_shortfall(self.size.bytes()),
+                    false => crate::privileges::memlock_shortfall(len.bytes()),
                 };
             }
             e.left_mapped = self.clear_range();
@@ -452,8 +458,7 @@ impl DmaContext {
         }
     }
 
-    fn map_once(&mut self, addr: u64, memfd: Option<RawFd>) -> Result<(), DmaError> {
-        let len = self.size.bytes();
+    fn map_once(&mut self, addr: u64, len: u64, memfd: Option<RawFd>) -> Result<(), DmaError> {
         match &self.backend {
             Backend::Container { container, .. } => {
                 let mut m = vfio::vfio_iommu_type1_dma_map {

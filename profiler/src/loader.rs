@@ -31,6 +31,10 @@ pub const CALIBRATION_ROW: u32 = abi::MAX_ROWS - 1;
 /// The phase slot calibration records into: past every case's slots.
 pub const CALIBRATION_SLOT: u32 = abi::MAX_PHASES - 1;
 
+/// The phase slot a primer iteration records into, to be discarded: the calibration's,
+/// which is done by the time cases run.
+pub const PRIMER_SLOT: u32 = CALIBRATION_SLOT;
+
 /// The BPF object built from profiler-ebpf by build.rs.
 pub static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler-ebpf"));
 
@@ -847,19 +851,25 @@ impl Probes {
     }
 
     /// Keeps attached exactly the probes of `groups` (a pass's set): detaches the others and
-    /// attaches again what a previous pass detached. Nothing is loaded again.
-    pub fn set_groups(&mut self, groups: &[Group]) -> Result<(), AttachError> {
+    /// attaches again what a previous pass detached. Nothing is loaded again. Returns whether
+    /// any probe was attached or detached.
+    pub fn set_groups(&mut self, groups: &[Group]) -> Result<bool, AttachError> {
+        let mut changed = false;
         for hook in &mut self.hooks {
             let demoted = hook.row.is_some_and(|r| self.demoted.contains(&r));
             let wanted = groups.contains(&hook.group) && !demoted;
             match hook.link.take() {
                 Some(l) if !wanted => unlink(&mut self.ebpf, &hook.target, l)?,
-                Some(l) => hook.link = Some(l),
+                Some(l) => {
+                    hook.link = Some(l);
+                    continue;
+                }
                 None if wanted => hook.link = Some(link(&mut self.ebpf, &hook.target)?),
-                None => {}
+                None => continue,
             }
+            changed = true;
         }
-        Ok(())
+        Ok(changed)
     }
 
     /// Leaves rows `rows` (indices into [`PROBE_TABLE`]) detached from the next
@@ -1023,6 +1033,32 @@ impl Probes {
             && let Some(l) = hook.link.take()
         {
             unlink(&mut self.ebpf, &hook.target, l)?;
+        }
+        Ok(())
+    }
+
+    /// Drops what slot `slot` recorded: its counters, the attached rows' stats and its samples.
+    pub fn discard_slot(&mut self, slot: u32) -> Result<(), AttachError> {
+        let map_err = |what| move |source| AttachError::Map { what, source };
+        self.counters
+            .set(slot, PhaseCounters::default(), 0)
+            .map_err(map_err("PHASE_COUNTERS reset"))?;
+        for (row, _) in self.attached_rows() {
+            self.row_stats
+                .set(slot * abi::MAX_ROWS + row as u32, RowStats::default(), 0)
+                .map_err(map_err("ROW_STATS reset"))?;
+        }
+        let keys: Vec<SampleKey> = self.samples.keys().filter_map(Result::ok).collect();
+        let (dropped, kept): (Vec<SampleKey>, Vec<SampleKey>) = keys.into_iter().partition(|k| k.phase == slot);
+        for key in &dropped {
+            let _ = self.samples.remove(key);
+        }
+        // A stack another slot's samples share stays for the next drain.
+        let kept: HashSet<i32> = kept.iter().map(|k| k.kernel_stack).collect();
+        for key in dropped.iter().filter(|k| !kept.contains(&k.kernel_stack)) {
+            if let Ok(id) = u32::try_from(key.kernel_stack) {
+                let _ = self.stacks.remove(&id);
+            }
         }
         Ok(())
     }

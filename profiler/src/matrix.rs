@@ -219,6 +219,25 @@ pub struct Workload {
     pub thp: Thp,
 }
 
+/// The largest buffer a primer iteration takes (one THP or 2 MiB hugetlb page, 512 base pages).
+pub const PRIMER_BYTES: u64 = 2 << 20;
+
+impl Workload {
+    /// The same case on a buffer of at most [`PRIMER_BYTES`]: an iteration that runs every
+    /// phase's code paths once more, cheaply, to be discarded. None where one page of the
+    /// backing is larger (1 GiB hugetlb: a primer would zero a whole gigabyte).
+    pub fn primer(&self) -> Option<Workload> {
+        let bytes = self.size.bytes().min(PRIMER_BYTES);
+        if self.case.backing.page_size() > bytes {
+            return None;
+        }
+        Some(Workload {
+            size: ByteSize::new(bytes).ok()?,
+            ..*self
+        })
+    }
+}
+
 /// The whole matrix, in run order (mode, then backing, then prefault).
 pub fn all_cases() -> Vec<Case> {
     use strum::IntoEnumIterator as _;
@@ -289,6 +308,27 @@ pub fn select(cases: &[Case], patterns: &[String], prefaults: &[Prefault]) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_primer_takes_one_huge_page_at_most_and_never_a_gigabyte() {
+        let size = |b: u64| ByteSize::new(b).unwrap();
+        let w = |backing, bytes| Workload {
+            case: Case {
+                mode: Some(DmaMode::VfioType1Iommu),
+                backing,
+                prefault: Prefault::None,
+            },
+            size: size(bytes),
+            thp: Thp::Never,
+        };
+        let primer = |backing, bytes| w(backing, bytes).primer().map(|p| p.size.bytes());
+        assert_eq!(primer(Backing::Anonymous, 64 << 20), Some(PRIMER_BYTES));
+        assert_eq!(primer(Backing::Memfd, 8192), Some(8192));
+        assert_eq!(primer(Backing::MemfdHugetlb2mb, 64 << 20), Some(2 << 20));
+        assert_eq!(primer(Backing::AnonymousHugetlb1gb, 1 << 30), None);
+        let p = w(Backing::Memfd, 64 << 20).primer().unwrap();
+        assert_eq!((p.case, p.thp), (w(Backing::Memfd, 1 << 20).case, Thp::Never));
+    }
 
     fn names(patterns: &[&str]) -> Result<Vec<String>, SelectError> {
         let p: Vec<String> = patterns.iter().map(ToString::to_string).collect();

@@ -49,6 +49,8 @@ pub struct RunOptions {
     /// The share of a syscall phase the exact pass's probe rows may cost before the hottest
     /// are demoted (a fraction: 0.03).
     pub demote_above: f64,
+    /// Run a primer iteration after every probe switch (see [`crate::matrix::Workload::primer`]).
+    pub prime: bool,
 }
 
 /// Case selection and per-case skip reasons, decided before anything runs.
@@ -186,6 +188,7 @@ mod tests {
             mechanisms: Vec::new(),
             thp: Thp::System,
             demote_above: crate::attribution::DEMOTE_ABOVE,
+            prime: true,
         }
     }
 

@@ -104,6 +104,9 @@ pub struct Config {
     /// `--thp`.
     #[serde(default)]
     pub thp: Thp,
+    /// Whether a primer iteration ran after each probe switch (false with `--no-prime`).
+    #[serde(default = "yes")]
+    pub prime: bool,
 }
 
 fn yes() -> bool {

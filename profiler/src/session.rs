@@ -232,6 +232,7 @@ impl Session {
                     Vec::new()
                 },
                 thp: o.thp,
+                prime: o.prime,
             },
             cases: Vec::new(),
             skipped: self.plan.skipped.clone(),
@@ -413,7 +414,6 @@ impl Session {
         };
         // Warm up and discard: first touches of fresh (or freshly reserved) memory are many
         // times slower and would make every first iteration an outlier.
-        let mut runs = PassRuns::new();
         // Whatever an earlier case left attached (it may have failed mid-pass) comes off.
         if let Some(p) = probes.as_deref_mut() {
             p.set_groups(&[]).map_err(CaseError::Probes)?;
@@ -423,47 +423,66 @@ impl Session {
             Ok(d) => d,
             Err(e) => {
                 return Ok(CaseRuns {
-                    runs,
+                    runs: PassRuns::new(),
                     failure: Some(e),
                     demotion: Demotion::default(),
                 });
             }
         };
         // A scout leaves the exact pass's probes attached (see `warm_up`).
-        let mut current = if scouting { Pass::Exact } else { Pass::Untraced };
-        for (pass, index) in steps {
+        let current = if scouting { Pass::Exact } else { Pass::Untraced };
+        let (runs, failure) = self.run_steps(
+            &workload,
+            (&steps, current),
+            probes.as_deref_mut(),
+            dma.as_mut(),
+            control,
+        )?;
+        if let Some(p) = probes.filter(|_| failure.is_none()) {
+            p.set_groups(&[]).map_err(CaseError::Probes)?;
+        }
+        Ok(CaseRuns {
+            runs,
+            failure,
+            demotion,
+        })
+    }
+
+    /// Runs the passes' iterations in `steps` order into `runs`, switching probes (and
+    /// priming after a switch) where the pass changes; returns the failure that stopped them.
+    fn run_steps(
+        &self,
+        workload: &Workload,
+        (steps, mut current): (&[(Pass, u32)], Pass),
+        mut probes: Option<&mut Probes>,
+        mut dma: Option<&mut DmaContext>,
+        control: &Control,
+    ) -> Result<(PassRuns, Option<WorkloadError>), CaseError> {
+        let case = &workload.case;
+        let mut runs = PassRuns::new();
+        for &(pass, index) in steps {
             if let Some(p) = probes.as_deref_mut().filter(|_| pass != current) {
                 control.enter(Stage::Switching(case.name(), pass));
-                p.set_groups(pass.groups()).map_err(CaseError::Probes)?;
+                let changed = p.set_groups(pass.groups()).map_err(CaseError::Probes)?;
                 current = pass;
+                if let Err(e) = self.prime(workload, dma.as_deref_mut(), Some(p), changed, control)? {
+                    return Ok((runs, Some(e)));
+                }
             }
             // The untraced pass switches no phase slot: not even a map update may touch it.
             let slot_iteration = self.slot_iteration(pass, index);
             let traced = probes.as_deref_mut().filter(|_| slot_iteration.is_some());
             let mut obs = SlotObserver::new(traced, slot_iteration.unwrap_or(0), control, case);
-            let r = workload::run_iteration(&workload, dma.as_mut(), &mut obs, control.cancel_flag());
+            let r = workload::run_iteration(workload, dma.as_deref_mut(), &mut obs, control.cancel_flag());
             if let Some(e) = obs.error.take() {
                 return Err(CaseError::Probes(e));
             }
             match r {
                 Ok(r) => runs.entry(pass).or_default().push((slot_iteration.unwrap_or(index), r)),
-                Err(e) => {
-                    return Ok(CaseRuns {
-                        runs,
-                        failure: Some(e),
-                        demotion,
-                    });
-                }
+                Err(e) => return Ok((runs, Some(e))),
             }
         }
-        if let Some(p) = probes {
-            p.set_groups(&[]).map_err(CaseError::Probes)?;
-        }
-        Ok(CaseRuns {
-            runs,
-            failure: None,
-            demotion,
-        })
+        Ok((runs, None))
     }
 
     /// Runs two discarded iterations: a warm-up and, before an exact pass with a calibrated
@@ -493,10 +512,15 @@ impl Session {
         };
         control.enter(Stage::Switching(case.name(), Pass::Exact));
         p.set_demoted(&[]);
-        p.set_groups(&[Group::Rows, Group::Tracepoints, Group::Scout])
+        let changed = p
+            .set_groups(&[Group::Rows, Group::Tracepoints, Group::Scout])
             .map_err(CaseError::Probes)?;
+        if let Err(e) = self.prime(workload, dma.as_deref_mut(), Some(&mut *p), changed, control)? {
+            p.set_groups(&[]).map_err(CaseError::Probes)?;
+            return Ok(Err(e));
+        }
         let mut obs = SlotObserver::new(Some(&mut *p), 0, control, case);
-        let r = workload::run_iteration(workload, dma, &mut obs, control.cancel_flag());
+        let r = workload::run_iteration(workload, dma.as_deref_mut(), &mut obs, control.cancel_flag());
         if let Some(e) = obs.error.take() {
             return Err(CaseError::Probes(e));
         }
@@ -515,8 +539,37 @@ impl Session {
         // The exact pass comes next: only the demoted rows come off. Re-attaching everything
         // would patch the kernel text again, which emulation pays for on the next run.
         p.set_demoted(&demotion.rows());
-        p.set_groups(Pass::Exact.groups()).map_err(CaseError::Probes)?;
-        Ok(Ok(demotion))
+        let changed = p.set_groups(Pass::Exact.groups()).map_err(CaseError::Probes)?;
+        Ok(self.prime(workload, dma, Some(p), changed, control)?.map(|()| demotion))
+    }
+
+    /// After probes were attached or detached (`changed`), one discarded iteration on the
+    /// case's primer buffer ([`Workload::primer`]): under emulation the first run of patched
+    /// kernel text, and of a program's JIT image, translates it again, a cost of the switch
+    /// that would otherwise land in whichever measured iteration ran next.
+    /// The probes record it into [`loader::PRIMER_SLOT`], then that is dropped: their
+    /// recording paths run too.
+    fn prime(
+        &self,
+        workload: &Workload,
+        dma: Option<&mut DmaContext>,
+        probes: Option<&mut Probes>,
+        changed: bool,
+        control: &Control,
+    ) -> Result<Result<(), WorkloadError>, CaseError> {
+        let Some(primer) = workload.primer().filter(|_| changed && self.opts.prime) else {
+            return Ok(Ok(()));
+        };
+        let mut obs = SlotObserver::new(probes, 0, control, &workload.case);
+        obs.fixed_slot = Some(loader::PRIMER_SLOT);
+        let r = workload::run_iteration(&primer, dma, &mut obs, control.cancel_flag()).map(drop);
+        if let Some(e) = obs.error.take() {
+            return Err(CaseError::Probes(e));
+        }
+        if let Some(p) = obs.probes {
+            p.discard_slot(loader::PRIMER_SLOT).map_err(CaseError::Probes)?;
+        }
+        Ok(r)
     }
 
     /// Which slot-iteration a traced pass's `index`-th iteration records into (the exact pass
@@ -592,6 +645,8 @@ struct Tracing<'a> {
 struct SlotObserver<'a> {
     probes: Option<&'a mut Probes>,
     iteration: u32,
+    /// Records every phase into this slot instead (a primer's).
+    fixed_slot: Option<u32>,
     control: &'a Control,
     case: String,
     error: Option<AttachError>,
@@ -602,6 +657,7 @@ impl<'a> SlotObserver<'a> {
         Self {
             probes,
             iteration,
+            fixed_slot: None,
             control,
             case: case.name(),
             error: None,
@@ -612,7 +668,9 @@ impl<'a> SlotObserver<'a> {
 impl PhaseObserver for SlotObserver<'_> {
     fn begin(&mut self, phase: Phase) {
         self.control.enter(Stage::Phase(self.case.clone(), phase));
-        let slot = attribution::slot(self.iteration, phase);
+        let slot = self
+            .fixed_slot
+            .unwrap_or_else(|| attribution::slot(self.iteration, phase));
         if let Some(Err(e)) = self.probes.as_mut().map(|p| p.set_phase(slot)) {
             self.error.get_or_insert(e);
         }

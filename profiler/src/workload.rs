@@ -249,7 +249,7 @@ impl Iteration<'_> {
     fn map_unmap(&mut self, ctx: &mut DmaContext) -> Result<(), WorkloadError> {
         self.timed(Phase::Map, |buf| {
             let (addr, _) = buf.addr.expect("mapped before the DMA map");
-            ctx.map(addr as u64, buf.fd).map_err(WorkloadError::Dma)
+            ctx.map(addr as u64, self.w.size, buf.fd).map_err(WorkloadError::Dma)
         })?;
         still_there(ctx)?;
         self.timed(Phase::Unmap, |_| ctx.unmap().map(drop).map_err(WorkloadError::Dma))?;

@@ -1107,7 +1107,8 @@ const TRACEPOINT_SIZE: u64 = 32 << 20;
 
 /// Per case: ftrace's `iommu:map` / `iommu:unmap` events on for one exact-pass run; the event
 /// counts and sizes summed in the guest (`map_events map_bytes unmap_events unmap_bytes`),
-/// and the ring buffer's overruns.
+/// and the ring buffer's overruns. Without primers (`--no-prime`): ftrace counts every
+/// iteration's maps, and a primer's would not be in dmaprof's.
 fn tracepoint_script() -> String {
     let mut script = String::from(
         "T=/sys/kernel/tracing; mount -t tracefs nodev $T 2>/dev/null
@@ -1118,7 +1119,7 @@ echo 16384 > $T/buffer_size_kb || v tracefs_exit $?
         script += &format!(
             "echo > $T/trace
 echo 1 > $T/events/iommu/map/enable; echo 1 > $T/events/iommu/unmap/enable
-/bin/dmaprof run --json -b {}M -v {case} --passes exact --traced-iterations 2 -o /tmp/{case} \
+/bin/dmaprof run --json -b {}M -v {case} --passes exact --traced-iterations 2 --no-prime -o /tmp/{case} \
   > /out/{case}.json 2>> /out/err.txt || v run_exit $?
 echo 0 > $T/events/iommu/map/enable; echo 0 > $T/events/iommu/unmap/enable
 awk '/ map: /{{m++; for(i=1;i<=NF;i++) if($i ~ /^size=/){{sub(/size=/,\"\",$i); mb+=$i}}}}

@@ -36,7 +36,8 @@ use super::{Ctx, Outcome, boot_ok, findings, no_failed_step, ns, plan, scratch, 
 /// maps and unmaps the same 32 pages. Their runs keep every row attached (`--demote-above
 /// 100`): a demoted row's time stays in its caller's row, while ftrace would still take it out,
 /// and with ftrace's profiler on, the estimated cost of 32 pin calls can pass the default 3% of
-/// a short unmap.
+/// a short unmap. Nor do they run primers (`--no-prime`): ftrace would count a primer's calls,
+/// which are in no iteration of dmaprof's.
 const CASES: [&str; 2] = [
     "vfio_type1_iommu_anonymous_hugetlb_2mb.none",
     "iommufd_anonymous_hugetlb_2mb.none",
@@ -152,7 +153,7 @@ impl Source {
         match self {
             Self::Run => format!(
                 "/bin/dmaprof run --json -b {SIZE_MIB}M -v {case} --thp never --passes exact \
-                 --demote-above 100 --traced-iterations {EXACT_ITERATIONS} -o /tmp/{case}.{src}.{tag} > {out}"
+                 --demote-above 100 --no-prime --traced-iterations {EXACT_ITERATIONS} -o /tmp/{case}.{src}.{tag} > {out}"
             ),
             // The recorded command's own output would mix with record's: the report is copied.
             Self::Record => format!(
