@@ -130,6 +130,11 @@ impl Coverage {
 /// probes rewrite the breakdown they measure.
 pub const DEMOTE_ABOVE: f64 = 0.03;
 
+/// Samples the sampled pass must be expected to take in a phase for demoting there to help: a
+/// demoted row's time is split by the sampled stacks, and in a phase shorter than this many
+/// sampling periods it would stay in its caller's row, unexplained.
+pub const MIN_SPLIT_SAMPLES: u64 = 20;
+
 /// The rows one case's exact pass runs without, and what the warm-up iteration counted of
 /// them.
 #[derive(Clone, Debug, Default)]
@@ -170,13 +175,14 @@ impl Demotion {
 /// Which rows to demote, from one iteration with every row attached (`scout`, recorded in slot
 /// iteration 0, and its phases' wall times): in each syscall phase whose rows' estimated
 /// cost exceeds `limit` (a share, by default [`DEMOTE_ABOVE`]) of the rest of the phase, the
-/// costliest rows until it does not.
+/// costliest rows until it does not. A phase whose rest is shorter than `min_phase_ns` (see
+/// [`MIN_SPLIT_SAMPLES`]) keeps every row.
 pub fn demotions(
     scout: &Drained,
     walls: &[PhaseRun],
     rows: &[(usize, AttachedBy)],
     cost: &ProbeCost,
-    limit: f64,
+    (limit, min_phase_ns): (f64, u64),
 ) -> Demotion {
     let mut out = Demotion {
         physical_runs: walls.first().and_then(|w| w.physical_runs),
@@ -202,6 +208,9 @@ pub fn demotions(
         costs.sort_by_key(|(_, _, c)| std::cmp::Reverse(*c));
         let total: u64 = costs.iter().map(|(_, _, c)| c).sum();
         let base = run.wall_ns.saturating_sub(total).max(1) as f64;
+        if base < min_phase_ns as f64 {
+            continue;
+        }
         let mut left: u64 = costs.iter().filter(|(r, _, _)| !out.has(*r)).map(|(_, _, c)| c).sum();
         for (row, calls, c) in costs {
             if (left as f64) <= limit * base {
@@ -1423,7 +1432,13 @@ mod tests {
             errors: Vec::new(),
         };
         // 10000 hits at 500 ns: 5 ms of a 10 ms phase. The 1 us of the one top call stays.
-        let d = demotions(&scout, &[run(Phase::Map, 10_000_000)], &attached, &cost, DEMOTE_ABOVE);
+        let d = demotions(
+            &scout,
+            &[run(Phase::Map, 10_000_000)],
+            &attached,
+            &cost,
+            (DEMOTE_ABOVE, 0),
+        );
         assert_eq!(d.rows(), [row("iommu_map")]);
         let why = &d.demoted[0].1;
         assert_eq!((why.calls, why.cost_ns, why.phase), (10_000, 5_000_000, Phase::Map));
@@ -1435,6 +1450,18 @@ mod tests {
             said[0].starts_with("exact pass without iommu_map: 10000 calls in map"),
             "{said:?}"
         );
+        // Too short for the sampled pass to split a demoted row's time: every row stays.
+        assert!(
+            demotions(
+                &scout,
+                &[run(Phase::Map, 10_000_000)],
+                &attached,
+                &cost,
+                (DEMOTE_ABOVE, 6_000_000)
+            )
+            .demoted
+            .is_empty()
+        );
         // A phase that carries its probes keeps them all.
         assert!(
             demotions(
@@ -1442,7 +1469,7 @@ mod tests {
                 &[run(Phase::Map, 1_000_000_000)],
                 &attached,
                 &cost,
-                DEMOTE_ABOVE
+                (DEMOTE_ABOVE, 0)
             )
             .demoted
             .is_empty()
@@ -1452,7 +1479,13 @@ mod tests {
         // (10000 in the scout, none in the exact pass) say where its time went.
         let mut scout = scout;
         scout.rows[0].2.child_calls = 10_000;
-        let d = demotions(&scout, &[run(Phase::Map, 10_000_000)], &attached, &cost, DEMOTE_ABOVE);
+        let d = demotions(
+            &scout,
+            &[run(Phase::Map, 10_000_000)],
+            &attached,
+            &cost,
+            (DEMOTE_ABOVE, 0),
+        );
         demoted_time_is_split_by_samples(&d, &attached, "intel_iommu_map_pages");
     }
 

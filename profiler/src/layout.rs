@@ -58,6 +58,10 @@ pub struct LayoutModel {
     pub intercept_ns: f64,
     /// The fewest and most runs the fit saw: predictions stay inside (no extrapolation).
     pub runs_seen: (u64, u64),
+    /// The shortest and longest wall time the fit saw: predictions stay inside too (a line
+    /// through a few scattered points can fall to zero at one end of its runs).
+    #[serde(default)]
+    pub walls_seen: Option<(u64, u64)>,
 }
 
 impl LayoutModel {
@@ -79,17 +83,21 @@ impl LayoutModel {
         let intercept_ns = median(&mut intercepts)?;
         let runs = points.iter().map(|p| p.0);
         let runs_seen = (runs.clone().min()?, runs.max()?);
+        let walls = points.iter().map(|p| p.1);
         Some(Self {
             ns_per_run,
             intercept_ns,
             runs_seen,
+            walls_seen: Some((walls.clone().min()?, walls.max()?)),
         })
     }
 
-    /// The predicted untraced wall time at `runs` (held to the range the fit saw).
+    /// The predicted untraced wall time at `runs` (held to the runs and wall times the fit
+    /// saw).
     pub fn predict(&self, runs: u64) -> u64 {
         let r = runs.clamp(self.runs_seen.0, self.runs_seen.1);
-        (self.intercept_ns + self.ns_per_run * r as f64).max(0.0) as u64
+        let (lo, hi) = self.walls_seen.unwrap_or((0, u64::MAX));
+        ((self.intercept_ns + self.ns_per_run * r as f64).max(0.0) as u64).clamp(lo, hi)
     }
 }
 
@@ -168,5 +176,9 @@ mod tests {
         assert_eq!(flat.predict(1), 20, "one layout: the median");
         assert_eq!(flat.predict(5), 20);
         assert!(LayoutModel::fit(&[(1, 10)]).is_none());
+        // Scattered points whose line falls below zero at one end: held to the walls seen.
+        let wild = LayoutModel::fit(&[(100, ms(200.0)), (200, ms(50.0)), (300, ms(10.0)), (110, ms(190.0))]).unwrap();
+        assert!(wild.predict(300) >= ms(10.0), "{}", wild.predict(300));
+        assert!(wild.predict(100) <= ms(200.0));
     }
 }

@@ -532,7 +532,9 @@ impl Session {
                 return Ok(Err(e));
             }
         };
-        let demotion = attribution::demotions(&drained, &walls, &p.attached_rows(), cost, self.opts.demote_above);
+        let min_phase_ns = attribution::MIN_SPLIT_SAMPLES * 1_000_000_000 / self.opts.freq_hz.max(1);
+        let limits = (self.opts.demote_above, min_phase_ns);
+        let demotion = attribution::demotions(&drained, &walls, &p.attached_rows(), cost, limits);
         for line in demotion.describe() {
             eprintln!("dmaprof: {}: {line}", case.name());
         }

@@ -2056,9 +2056,9 @@ const KERNEL_CUSTOM: &[(&str, bool)] = &[
 /// Signals sent in the guest (at least [`SIGNAL_INTERRUPTED`] runs must be interrupted; a SIGINT
 /// that arrives before dmaprof installs its handler is ignored, as sh ignores it for background
 /// jobs, and such a run completes normally).
-const SIGNAL_RUNS: u32 = 30;
+const SIGNAL_RUNS: u32 = 20;
 /// Signalled runs that must end interrupted.
-const SIGNAL_INTERRUPTED: u32 = 22;
+const SIGNAL_INTERRUPTED: u32 = 14;
 
 /// SIGINT/SIGTERM/SIGHUP at random moments of real VFIO/IOMMUFD runs leave nothing
 /// behind: no dmaprof BPF program, link, kprobe event or process, hugepage pools as before, the
