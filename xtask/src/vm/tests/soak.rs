@@ -9,7 +9,7 @@ use super::{Ctx, Outcome, boot_ok, findings, no_failed_step, plan, scratch, shel
 
 /// Runs in the short form CI runs; `DMAPROF_SOAK_RUNS` sets another count (200 for the full
 /// soak, whose numbers the README gives).
-const SHORT_RUNS: u32 = 10;
+const SHORT_RUNS: u32 = 20;
 /// MemAvailable may drift (page cache, slab) but not by this much between the first and the
 /// last runs, KiB.
 const MEM_DRIFT_KIB: i64 = 32 * 1024;
