@@ -1431,14 +1431,12 @@ mod tests {
             tracepoint: None,
             errors: Vec::new(),
         };
+        // The map's wall time and the shortest phase demotion applies in.
+        let demote = |scout: &Drained, wall, min| {
+            demotions(scout, &[run(Phase::Map, wall)], &attached, &cost, (DEMOTE_ABOVE, min))
+        };
         // 10000 hits at 500 ns: 5 ms of a 10 ms phase. The 1 us of the one top call stays.
-        let d = demotions(
-            &scout,
-            &[run(Phase::Map, 10_000_000)],
-            &attached,
-            &cost,
-            (DEMOTE_ABOVE, 0),
-        );
+        let d = demote(&scout, 10_000_000, 0);
         assert_eq!(d.rows(), [row("iommu_map")]);
         let why = &d.demoted[0].1;
         assert_eq!((why.calls, why.cost_ns, why.phase), (10_000, 5_000_000, Phase::Map));
@@ -1451,41 +1449,15 @@ mod tests {
             "{said:?}"
         );
         // Too short for the sampled pass to split a demoted row's time: every row stays.
-        assert!(
-            demotions(
-                &scout,
-                &[run(Phase::Map, 10_000_000)],
-                &attached,
-                &cost,
-                (DEMOTE_ABOVE, 6_000_000)
-            )
-            .demoted
-            .is_empty()
-        );
+        assert!(demote(&scout, 10_000_000, 6_000_000).demoted.is_empty());
         // A phase that carries its probes keeps them all.
-        assert!(
-            demotions(
-                &scout,
-                &[run(Phase::Map, 1_000_000_000)],
-                &attached,
-                &cost,
-                (DEMOTE_ABOVE, 0)
-            )
-            .demoted
-            .is_empty()
-        );
+        assert!(demote(&scout, 1_000_000_000, 0).demoted.is_empty());
         demoted_time_is_split_by_samples(&d, &attached, "iommu_map");
         // A tail call leaves no frame of the demoted row: the caller's lost probed callees
         // (10000 in the scout, none in the exact pass) say where its time went.
         let mut scout = scout;
         scout.rows[0].2.child_calls = 10_000;
-        let d = demotions(
-            &scout,
-            &[run(Phase::Map, 10_000_000)],
-            &attached,
-            &cost,
-            (DEMOTE_ABOVE, 0),
-        );
+        let d = demote(&scout, 10_000_000, 0);
         demoted_time_is_split_by_samples(&d, &attached, "intel_iommu_map_pages");
     }
 

@@ -431,13 +431,8 @@ impl Session {
         };
         // A scout leaves the exact pass's probes attached (see `warm_up`).
         let current = if scouting { Pass::Exact } else { Pass::Untraced };
-        let (runs, failure) = self.run_steps(
-            &workload,
-            (&steps, current),
-            probes.as_deref_mut(),
-            dma.as_mut(),
-            control,
-        )?;
+        let (runs, failure) =
+            self.run_steps(&workload, &steps, current, probes.as_deref_mut(), dma.as_mut(), control)?;
         if let Some(p) = probes.filter(|_| failure.is_none()) {
             p.set_groups(&[]).map_err(CaseError::Probes)?;
         }
@@ -453,7 +448,8 @@ impl Session {
     fn run_steps(
         &self,
         workload: &Workload,
-        (steps, mut current): (&[(Pass, u32)], Pass),
+        steps: &[(Pass, u32)],
+        mut current: Pass,
         mut probes: Option<&mut Probes>,
         mut dma: Option<&mut DmaContext>,
         control: &Control,
@@ -463,9 +459,8 @@ impl Session {
         for &(pass, index) in steps {
             if let Some(p) = probes.as_deref_mut().filter(|_| pass != current) {
                 control.enter(Stage::Switching(case.name(), pass));
-                let changed = p.set_groups(pass.groups()).map_err(CaseError::Probes)?;
                 current = pass;
-                if let Err(e) = self.prime(workload, dma.as_deref_mut(), Some(p), changed, control)? {
+                if let Err(e) = self.switch(p, pass.groups(), workload, dma.as_deref_mut(), control)? {
                     return Ok((runs, Some(e)));
                 }
             }
@@ -512,10 +507,8 @@ impl Session {
         };
         control.enter(Stage::Switching(case.name(), Pass::Exact));
         p.set_demoted(&[]);
-        let changed = p
-            .set_groups(&[Group::Rows, Group::Tracepoints, Group::Scout])
-            .map_err(CaseError::Probes)?;
-        if let Err(e) = self.prime(workload, dma.as_deref_mut(), Some(&mut *p), changed, control)? {
+        let scout_groups = [Group::Rows, Group::Tracepoints, Group::Scout];
+        if let Err(e) = self.switch(p, &scout_groups, workload, dma.as_deref_mut(), control)? {
             p.set_groups(&[]).map_err(CaseError::Probes)?;
             return Ok(Err(e));
         }
@@ -541,28 +534,30 @@ impl Session {
         // The exact pass comes next: only the demoted rows come off. Re-attaching everything
         // would patch the kernel text again, which emulation pays for on the next run.
         p.set_demoted(&demotion.rows());
-        let changed = p.set_groups(Pass::Exact.groups()).map_err(CaseError::Probes)?;
-        Ok(self.prime(workload, dma, Some(p), changed, control)?.map(|()| demotion))
+        Ok(self
+            .switch(p, Pass::Exact.groups(), workload, dma, control)?
+            .map(|()| demotion))
     }
 
-    /// After probes were attached or detached (`changed`), one discarded iteration on the
-    /// case's primer buffer ([`Workload::primer`]): under emulation the first run of patched
-    /// kernel text, and of a program's JIT image, translates it again, a cost of the switch
-    /// that would otherwise land in whichever measured iteration ran next.
-    /// The probes record it into [`loader::PRIMER_SLOT`], then that is dropped: their
+    /// Keeps `groups` attached and, where that attached or detached anything, runs one
+    /// discarded iteration on the case's primer buffer ([`Workload::primer`]): under emulation
+    /// the first run of patched kernel text, and of a program's JIT image, translates it again,
+    /// a cost of the switch that would otherwise land in whichever measured iteration ran next.
+    /// The probes record the primer into [`loader::PRIMER_SLOT`], then that is dropped: their
     /// recording paths run too.
-    fn prime(
+    fn switch(
         &self,
+        p: &mut Probes,
+        groups: &[Group],
         workload: &Workload,
         dma: Option<&mut DmaContext>,
-        probes: Option<&mut Probes>,
-        changed: bool,
         control: &Control,
     ) -> Result<Result<(), WorkloadError>, CaseError> {
+        let changed = p.set_groups(groups).map_err(CaseError::Probes)?;
         let Some(primer) = workload.primer().filter(|_| changed && self.opts.prime) else {
             return Ok(Ok(()));
         };
-        let mut obs = SlotObserver::new(probes, 0, control, &workload.case);
+        let mut obs = SlotObserver::new(Some(p), 0, control, &workload.case);
         obs.fixed_slot = Some(loader::PRIMER_SLOT);
         let r = workload::run_iteration(&primer, dma, &mut obs, control.cancel_flag()).map(drop);
         if let Some(e) = obs.error.take() {
