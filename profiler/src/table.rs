@@ -229,11 +229,12 @@ fn layout(case: &CaseReport) -> String {
         .physical_runs
         .map_or(String::new(), |r| format!(", the exact iteration {r}"));
     format!(
-        "  physical layout: {}-{} contiguous runs over the untraced iterations{exact}; untraced map {} ms + {:.2} us per run\n",
+        "  physical layout: {}-{} contiguous runs over the untraced iterations{exact}; untraced map {} ms {} {:.2} us per run\n",
         runs.min,
         runs.max,
         ms(line.intercept_ns.max(0.0) as u64),
-        line.ns_per_run / 1e3
+        if line.ns_per_run < 0.0 { '-' } else { '+' },
+        line.ns_per_run.abs() / 1e3
     )
 }
 
