@@ -9,7 +9,7 @@ use profiler::{
     cli::{Cli, Command, Format, RunArgs},
     diff, doctor, explain, export, leftovers, matrix, record, recording, report,
     session::{Outcome, RunError, Session},
-    stop::Supervisor,
+    stop::{self, Supervisor},
 };
 
 /// When main() began: the start of dmaprof's start-up time.
@@ -26,6 +26,7 @@ fn out(text: &str) {
 
 fn main() -> ExitCode {
     STARTED.get_or_init(Instant::now);
+    stop::hold_stop_signals();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         // --help and --version succeed; anything else is clap's whole message: what is wrong,
@@ -35,6 +36,9 @@ fn main() -> ExitCode {
             return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
         }
     };
+    if !matches!(cli.command, Command::Run(_) | Command::Record(_)) {
+        stop::release_stop_signals();
+    }
     dispatch(cli.command).unwrap_or_else(|e| {
         let usage = e.downcast_ref::<RunError>().is_some_and(RunError::is_usage)
             || e.downcast_ref::<diff::DiffError>()

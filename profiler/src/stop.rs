@@ -183,6 +183,36 @@ impl StopSignals {
     }
 }
 
+/// The stop signals dmaprof handles.
+const STOP_SIGNALS: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+
+fn set_stop_signals_blocked(blocked: bool) {
+    // SAFETY: sigset_t is plain data that sigemptyset initialises; the calls only read and
+    // write it and this thread's signal mask.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in STOP_SIGNALS {
+            libc::sigaddset(&mut set, s);
+        }
+        let how = if blocked { libc::SIG_BLOCK } else { libc::SIG_UNBLOCK };
+        libc::pthread_sigmask(how, &set, std::ptr::null_mut());
+    }
+}
+
+/// Holds the stop signals pending from the first line of `main` until [`Supervisor::start`]
+/// has registered their handlers, so a signal during start-up is handled, not fatal. Call it
+/// before any thread is spawned: the mask is per thread and inherited.
+pub fn hold_stop_signals() {
+    set_stop_signals_blocked(true);
+}
+
+/// Lets held stop signals through again: a pending one is delivered now, to the registered
+/// handlers if [`Supervisor::start`] ran, else with its default action.
+pub fn release_stop_signals() {
+    set_stop_signals_blocked(false);
+}
+
 /// The stop signals and the runtime that receives them, set up before anything changes.
 pub struct Supervisor {
     rt: tokio::runtime::Runtime,
@@ -197,6 +227,7 @@ impl Supervisor {
             let _ctx = rt.enter();
             StopSignals::register()
         };
+        release_stop_signals();
         Ok(Self { rt, signals })
     }
 

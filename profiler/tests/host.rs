@@ -5,6 +5,7 @@
 //! DMAPROF_ALLOW_SKIP=1 is set, in which case each prints a SKIPPED line with the reason.
 use std::{
     fs,
+    os::unix::process::ExitStatusExt as _,
     path::{Path, PathBuf},
     process::{Command, Output},
 };
@@ -894,6 +895,9 @@ fn signals_at_random_moments_leave_nothing_behind() {
                     );
                 }
             }
+            // Before main() holds the stop signals (the loader's and the runtime's start-up),
+            // the default action applies; dmaprof had changed nothing and said nothing yet.
+            None if status.status.signal() == Some(sig) && err.is_empty() && !out.exists() => {}
             other => panic!("signal {sig} after {delay} ms: exit {other:?}: {err}"),
         }
         assert_eq!(
