@@ -202,10 +202,24 @@ fn kprobes_script(functions: &[String]) -> String {
 /// for its BEGIN line (READY), then: READY seen -> `T` line, the untraced run (`one`) measured
 /// under it, bpftrace stopped; still running without READY -> `F ... no READY`, killed; dead ->
 /// `F` with its output. `tmp` holds its log, copied to `out`. Needs `up`, `one` and `usleep`.
+///
+/// Stopping waits as long again and then kills (`K` line): sh starts a background job with
+/// SIGINT ignored, and bpftrace installs its handler only after compiling its script, so a
+/// SIGINT sent before that is dropped and bpftrace runs on; an unbounded `wait` on it hung the
+/// guest's script with both CPUs idle.
 fn bt_function(wait_polls: u32, tmp: &str, out: &str) -> String {
     let secs = f64::from(wait_polls) / 10.0;
     format!(
-        r#"bt() {{ # name round script
+        r#"stop_bt() {{ # name round: SIGINT, and SIGKILL if bpftrace outlives the same wait
+  kill -INT $bp; n=0
+  while kill -0 $bp 2>/dev/null && [ $n -lt {wait_polls} ]; do usleep 100000; n=$((n + 1)); done
+  if kill -0 $bp 2>/dev/null; then
+    echo "K $1 $2 bpftrace still running {secs} s after SIGINT: $(grep -E 'SigIgn|SigCgt' /proc/$bp/status | tr '\n\t' '  ')"
+    kill -9 $bp
+  fi
+  wait $bp
+}}
+bt() {{ # name round script
   rm -f {tmp}/bt.out; : > {tmp}/bt.out
   t0=$(up); bpftrace $3 > {tmp}/bt.out 2>&1 & bp=$!
   n=0
@@ -213,7 +227,7 @@ fn bt_function(wait_polls: u32, tmp: &str, out: &str) -> String {
   if grep -q READY {tmp}/bt.out; then
     echo "T $1 $2 $(( ($(up) - t0) * 10 ))"
     one $1 $2 --no-trace
-    kill -INT $bp; wait $bp
+    stop_bt $1 $2
   elif kill -0 $bp 2>/dev/null; then
     echo "F $1 $2 no READY after {secs} s: $(head -c 300 {tmp}/bt.out | tr '\n' ' ')"; kill -9 $bp; wait $bp
   else
@@ -604,6 +618,15 @@ one() {{ # name round dmaprof-options: a run that hangs is killed and run once m
     for f in marker("F") {
         let _ = writeln!(md, "- bpftrace {} failed in round {}: {}", f[1], f[2], f[3..].join(" "));
     }
+    for k in marker("K") {
+        let _ = writeln!(
+            md,
+            "- bpftrace {} round {} did not stop on SIGINT and was killed: {}",
+            k[1],
+            k[2],
+            k[3..].join(" ")
+        );
+    }
     for h in marker("H") {
         let _ = writeln!(
             md,
@@ -921,6 +944,13 @@ mod tests {
         let out = run_bt("silent", "exec sleep 10");
         assert!(out.contains("F bt_x 0 no READY after 0.5 s"), "{out}");
         assert!(!out.contains("ONE") && !out.contains("T bt_x"), "{out}");
+
+        // A background job starts with SIGINT ignored: this one never installs a handler.
+        let out = run_bt("deaf", "echo READY; exec sleep 30");
+        assert!(
+            out.contains("K bt_x 0 bpftrace still running 0.5 s after SIGINT"),
+            "{out}"
+        );
 
         let out = run_bt("dies", "echo 'ERROR: cannot attach'; exit 1");
         assert!(out.contains("F bt_x 0 ERROR: cannot attach"), "{out}");
