@@ -145,6 +145,8 @@ fn qemu_command(b: &Boot) -> Command {
     .args(["-serial", "stdio"])
     .arg("-serial")
     .arg(format!("file:{}", b.data_file.display()))
+    .arg("-monitor")
+    .arg(format!("unix:{},server=on,wait=off", monitor_path(b).display()))
     .arg("-kernel")
     .arg(b.kernel)
     .arg("-initrd")
@@ -156,6 +158,44 @@ fn qemu_command(b: &Boot) -> Command {
     cmd
 }
 
+/// QEMU's human monitor socket, next to the data port's file.
+fn monitor_path(b: &Boot) -> PathBuf {
+    b.data_file.with_file_name("monitor.sock")
+}
+
+/// What each vCPU is doing, asked of QEMU's monitor before a guest that went quiet is killed:
+/// registers (RIP, `HLT=`, IF in RFL) and the local APIC (timer, IRR/ISR) tell a halted guest
+/// with no wake-up from one spinning in the kernel. Empty when the monitor does not answer.
+fn vcpu_state(b: &Boot) -> String {
+    use std::io::Write as _;
+    let Ok(mut sock) = std::os::unix::net::UnixStream::connect(monitor_path(b)) else {
+        return String::new();
+    };
+    let _ = sock.set_read_timeout(Some(Duration::from_secs(2)));
+    let mut commands = String::from("info registers -a\n");
+    for cpu in 0..b.smp {
+        commands += &format!("cpu {cpu}\ninfo lapic\n");
+    }
+    if sock.write_all(commands.as_bytes()).is_err() {
+        return String::new();
+    }
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 8192];
+    // The answer is complete once the monitor has been silent for the read timeout.
+    while let Ok(n) = sock.read(&mut buf) {
+        if n == 0 || raw.len() > 1 << 20 {
+            break;
+        }
+        raw.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&raw)
+        .lines()
+        .map(strip_escapes)
+        .filter(|l| !l.trim().is_empty() && !l.starts_with("QEMU ") && !l.starts_with("(qemu)"))
+        .collect::<Vec<_>>()
+        .join("\n  ")
+}
+
 fn kill(child: &mut Child) {
     let _ = child.kill();
     let _ = child.wait();
@@ -165,6 +205,7 @@ fn kill(child: &mut Child) {
 /// the deadline, whichever comes first; QEMU never outlives this call.
 pub fn boot(b: &Boot) -> std::result::Result<Outcome, BootError> {
     let _ = fs::remove_file(&b.data_file);
+    let _ = fs::remove_file(monitor_path(b));
     let start = Instant::now();
     let fail = |kind, message: String| BootError {
         kind,
@@ -233,6 +274,10 @@ pub fn boot(b: &Boot) -> std::result::Result<Outcome, BootError> {
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
         }
     }
+    let state = match timed_out && exit_status.is_none() && fatal.is_none() {
+        true => vcpu_state(b),
+        false => String::new(),
+    };
     // QEMU has powered off, or gets no more time: give `poweroff -f` a moment when the payload
     // finished, stop it at once otherwise.
     let grace = if exit_status.is_some() && fatal.is_none() {
@@ -280,9 +325,10 @@ pub fn boot(b: &Boot) -> std::result::Result<Outcome, BootError> {
             return Err(fail(
                 FailKind::Timeout,
                 format!(
-                    "guest timed out: no exit status within {}s (QEMU killed)\n{}",
+                    "guest timed out: no exit status within {}s (QEMU killed)\n{}\nvCPUs at the deadline (QEMU monitor):\n  {}",
                     b.timeout.as_secs(),
-                    tail()
+                    tail(),
+                    if state.is_empty() { "(no answer)" } else { &state }
                 ),
             ));
         }

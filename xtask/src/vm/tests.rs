@@ -470,6 +470,13 @@ fn panic_or_hang(c: &Ctx) -> Outcome {
         Err(e) if e.elapsed > timeout + Duration::from_secs(10) => {
             Err(format!("hung guest stopped only after {:.0}s", e.elapsed.as_secs_f64()))
         }
+        // An idle guest: QEMU's monitor shows every vCPU halted, and each local APIC.
+        Err(e) if e.message.matches("HLT=").count() != 2 || e.message.matches("initial_count").count() != 2 => {
+            Err(format!(
+                "the timeout did not show both vCPUs' registers and local APICs: {}",
+                e.message
+            ))
+        }
         Err(e) => Ok(format!(
             ", panic caught in {panic_secs:.1}s, hang stopped after {:.1}s",
             e.elapsed.as_secs_f64()
