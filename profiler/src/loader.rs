@@ -578,7 +578,6 @@ fn link(ebpf: &mut Ebpf, target: &Target) -> Result<Link, AttachError> {
     }
 }
 
-/// Detaches an attached target.
 /// A link taken out of its program: dropping it detaches it.
 #[expect(dead_code, reason = "the links are held only to be dropped")]
 enum Taken {

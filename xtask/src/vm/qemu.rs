@@ -274,9 +274,10 @@ pub fn boot(b: &Boot) -> std::result::Result<Outcome, BootError> {
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
         }
     }
-    let state = match timed_out && exit_status.is_none() && fatal.is_none() {
-        true => vcpu_state(b),
-        false => String::new(),
+    let state = if timed_out && exit_status.is_none() && fatal.is_none() {
+        vcpu_state(b)
+    } else {
+        String::new()
     };
     // QEMU has powered off, or gets no more time: give `poweroff -f` a moment when the payload
     // finished, stop it at once otherwise.
