@@ -176,10 +176,13 @@ impl Demotion {
 /// iteration 0, and its phases' wall times): in each syscall phase whose rows' estimated
 /// cost exceeds `limit` (a share, by default [`DEMOTE_ABOVE`]) of the rest of the phase, the
 /// costliest rows until it does not. A phase whose rest is shorter than `min_phase_ns` (see
-/// [`MIN_SPLIT_SAMPLES`]) keeps every row.
+/// [`MIN_SPLIT_SAMPLES`]) keeps every row. The rest is the scout's wall time less the
+/// calibrated cost, or the `untraced` iteration's wall time where that is shorter: under
+/// emulation a hit can cost twice its calibration, and a 2.7 ms map then looked like 5.6 ms.
 pub fn demotions(
     scout: &Drained,
     walls: &[PhaseRun],
+    untraced: &[PhaseRun],
     rows: &[(usize, AttachedBy)],
     cost: &ProbeCost,
     (limit, min_phase_ns): (f64, u64),
@@ -207,7 +210,11 @@ pub fn demotions(
             .collect();
         costs.sort_by_key(|(_, _, c)| std::cmp::Reverse(*c));
         let total: u64 = costs.iter().map(|(_, _, c)| c).sum();
-        let base = run.wall_ns.saturating_sub(total).max(1) as f64;
+        let plain = untraced
+            .iter()
+            .find(|u| u.phase == run.phase)
+            .map_or(u64::MAX, |u| u.wall_ns);
+        let base = run.wall_ns.saturating_sub(total).min(plain).max(1) as f64;
         if base < min_phase_ns as f64 {
             continue;
         }
@@ -1433,7 +1440,14 @@ mod tests {
         };
         // The map's wall time and the shortest phase demotion applies in.
         let demote = |scout: &Drained, wall, min| {
-            demotions(scout, &[run(Phase::Map, wall)], &attached, &cost, (DEMOTE_ABOVE, min))
+            demotions(
+                scout,
+                &[run(Phase::Map, wall)],
+                &[],
+                &attached,
+                &cost,
+                (DEMOTE_ABOVE, min),
+            )
         };
         // 10000 hits at 500 ns: 5 ms of a 10 ms phase. The 1 us of the one top call stays.
         let d = demote(&scout, 10_000_000, 0);
@@ -1450,6 +1464,22 @@ mod tests {
         );
         // Too short for the sampled pass to split a demoted row's time: every row stays.
         assert!(demote(&scout, 10_000_000, 6_000_000).demoted.is_empty());
+        // Also when only an untraced iteration shows it short: the hits cost more than
+        // calibrated (a 2.7 ms map that looked like 5.6 ms kept none of its rows, and read
+        // 100% other).
+        let short = |untraced_ns| {
+            let untraced = [run(Phase::Map, untraced_ns)];
+            demotions(
+                &scout,
+                &[run(Phase::Map, 10_000_000)],
+                &untraced,
+                &attached,
+                &cost,
+                (DEMOTE_ABOVE, 4_000_000),
+            )
+        };
+        assert!(short(3_000_000).demoted.is_empty());
+        assert_eq!(short(5_000_000).rows(), [row("iommu_map")]);
         // A phase that carries its probes keeps them all.
         assert!(demote(&scout, 1_000_000_000, 0).demoted.is_empty());
         demoted_time_is_split_by_samples(&d, &attached, "iommu_map");

@@ -493,9 +493,10 @@ impl Session {
         let case = &workload.case;
         let mut warm = SlotObserver::new(None, 0, control, case);
         let mut dma = dma;
-        if let Err(e) = workload::run_iteration(workload, dma.as_deref_mut(), &mut warm, control.cancel_flag()) {
-            return Ok(Err(e));
-        }
+        let untraced = match workload::run_iteration(workload, dma.as_deref_mut(), &mut warm, control.cancel_flag()) {
+            Ok(w) => w,
+            Err(e) => return Ok(Err(e)),
+        };
         // The scout runs on memory the warm-up has used and freed, as every later iteration
         // does: on fresh memory the pages come physically contiguous and a 4 KiB buffer makes
         // far fewer DMA chunks than it will. Without a scout a second warm-up takes its place,
@@ -527,7 +528,7 @@ impl Session {
         };
         let min_phase_ns = attribution::MIN_SPLIT_SAMPLES * 1_000_000_000 / self.opts.freq_hz.max(1);
         let limits = (self.opts.demote_above, min_phase_ns);
-        let demotion = attribution::demotions(&drained, &walls, &p.attached_rows(), cost, limits);
+        let demotion = attribution::demotions(&drained, &walls, &untraced, &p.attached_rows(), cost, limits);
         for line in demotion.describe() {
             eprintln!("dmaprof: {}: {line}", case.name());
         }
