@@ -702,9 +702,51 @@ mod mode_name {
     }
 }
 
+/// Samples a phase's sampled pass should have taken: its iterations' wall time at `freq_hz`
+/// (None without a sampled pass).
+pub fn expected_samples(p: &PhaseReport, freq_hz: u64) -> Option<u64> {
+    let t = p.passes.get(&Pass::Sampled)?;
+    let ns: u64 = t.wall_ns.runs.iter().sum();
+    Some((u128::from(ns) * u128::from(freq_hz) / 1_000_000_000) as u64)
+}
+
+/// Whether the sampler missed much of a phase: fewer than half the samples its wall time
+/// should have given, where that is at least 50 (fewer are too few to tell loss from chance).
+pub fn samples_short(p: &PhaseReport, freq_hz: u64) -> Option<u64> {
+    expected_samples(p, freq_hz).filter(|e| *e >= 50 && p.sampled.samples * 2 < *e)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sampler_that_missed_half_a_phase_is_told() {
+        let mut p: PhaseReport = serde_json::from_str(
+            r#"{"name":"mmap","wall_ns":{"median":1,"min":1,"max":1,"runs":[1]},"kernel_ns":null,
+                "kernel_share":null,"gib_per_s":0.0,"sampled":{"samples":587,"categories":{}},
+                "exact":{"iteration":0,"wall_ns":0,"kernel_ns":0,"categories":{},"unattributed_ns":0,
+                "rows":[]},"counters":{"cpu_faults":null}}"#,
+        )
+        .unwrap();
+        assert_eq!(expected_samples(&p, 4999), None);
+        p.passes.insert(
+            Pass::Sampled,
+            PassTimes {
+                wall_ns: Stats::of(vec![247_730_000]),
+                ..PassTimes::default()
+            },
+        );
+        // 247.73 ms at 4999 Hz: 1238 expected, 587 taken (a guest run under TCG).
+        assert_eq!(expected_samples(&p, 4999), Some(1238));
+        assert_eq!(samples_short(&p, 4999), Some(1238));
+        p.sampled.samples = 700;
+        assert_eq!(samples_short(&p, 4999), None);
+        // A 2 ms phase's 0 of 10 is not judged.
+        p.sampled.samples = 0;
+        p.passes.get_mut(&Pass::Sampled).unwrap().wall_ns = Stats::of(vec![2_000_000]);
+        assert_eq!(samples_short(&p, 4999), None);
+    }
 
     #[test]
     fn stats() {

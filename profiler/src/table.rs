@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 use crate::{
     category::{CATEGORIES, Category},
     probes::{AttachedBy, Mechanism, NOT_REQUESTED, Pass},
-    report::{CaseReport, PhaseReport, Report},
+    report::{CaseReport, PhaseReport, Report, samples_short},
     size::HumanSize,
 };
 
@@ -424,7 +424,35 @@ fn footer(report: &Report) -> String {
             let _ = writeln!(out, "  {:<40} {} {} -> {}{scope}", l.case, l.counter, l.before, l.after);
         }
     }
-    out + &probes_footer(report)
+    out + &samples_footer(report) + &probes_footer(report)
+}
+
+/// Phases whose sampled pass took fewer than half the samples its wall time should have given
+/// (the shares still hold where the misses are spread evenly over the phase).
+fn samples_footer(report: &Report) -> String {
+    let freq = report.config.freq_hz;
+    let short: Vec<String> = report
+        .cases
+        .iter()
+        .flat_map(|c| c.phases.iter().map(move |p| (c, p)))
+        .filter_map(|(c, p)| {
+            let e = samples_short(p, freq)?;
+            Some(format!("{} {} {} of ~{e}", c.name, p.name.name(), p.sampled.samples))
+        })
+        .collect();
+    if short.is_empty() {
+        return String::new();
+    }
+    let more = match short.len() {
+        n if n > 3 => format!(" and {} more", n - 3),
+        _ => String::new(),
+    };
+    format!(
+        "\nsampled: {} phase(s) took under half the samples of their wall time at {freq} Hz ({}{more}): \
+         the sampler did not fire for stretches of them; the shares hold only if those are spread evenly\n",
+        short.len(),
+        short.iter().take(3).cloned().collect::<Vec<_>>().join(", ")
+    )
 }
 
 /// Probes off by request, and those that did not attach grouped by reason (on a kernel without
