@@ -561,8 +561,9 @@ fn unmap_iova_walk(_: &Report, case: &CaseReport) -> Option<Fired> {
 }
 
 /// Where the report's numbers cannot be fully trusted: unattributed time above 2% of a phase
-/// of 1 ms or more, lost events, exact and sampled apart by more than 10 points where both
-/// have enough data, probe rows that did not attach.
+/// of 1 ms or more, lost events, a sampled pass that took under half its samples, exact and
+/// sampled apart by more than 10 points where both have enough data, probe rows that did not
+/// attach.
 pub fn checks(report: &Report) -> Vec<String> {
     let mut out = Vec::new();
     for case in &report.cases {
@@ -583,6 +584,16 @@ pub fn checks(report: &Report) -> Vec<String> {
                     case.name,
                     p.name.name(),
                     p.sampled.lost + e.lost_events
+                ));
+            }
+            if let Some(expected) = crate::report::samples_short(p, report.config.freq_hz) {
+                out.push(format!(
+                    "{} {}: the sampled pass took {} of the ~{expected} samples its wall time gives at {} Hz: \
+                     the sampler missed stretches of it, and its shares hold only if those are spread evenly",
+                    case.name,
+                    p.name.name(),
+                    p.sampled.samples,
+                    report.config.freq_hz
                 ));
             }
             if let Some((cat, gap)) = disagreement(p) {
@@ -1040,6 +1051,29 @@ mod tests {
             p.wall_ns.median = p.wall_ns.median * 146 / 193;
         }
         assert!(flagged(&r).is_empty(), "{:#?}", flagged(&r));
+    }
+
+    #[test]
+    fn a_sampler_that_missed_stretches_is_flagged() {
+        let mut r = matrix();
+        let freq = r.config.freq_hz;
+        let (ci, pi, expected) = r
+            .cases
+            .iter()
+            .enumerate()
+            .flat_map(|(ci, c)| c.phases.iter().enumerate().map(move |(pi, p)| (ci, pi, p)))
+            .find_map(|(ci, pi, p)| Some((ci, pi, crate::report::expected_samples(p, freq).filter(|e| *e >= 100)?)))
+            .expect("the saved run has a sampled phase of 100 samples or more");
+        let name = format!("{} {}:", r.cases[ci].name, r.cases[ci].phases[pi].name.name());
+        let flagged = |r: &Report| {
+            checks(r)
+                .into_iter()
+                .any(|c| c.starts_with(&name) && c.contains("samples its wall time"))
+        };
+        r.cases[ci].phases[pi].sampled.samples = expected;
+        assert!(!flagged(&r));
+        r.cases[ci].phases[pi].sampled.samples = expected / 3;
+        assert!(flagged(&r), "{:#?}", checks(&r));
     }
 
     #[test]
