@@ -72,6 +72,94 @@ pub struct Timing {
     pub attach_ns: u64,
     /// Peak resident set of the dmaprof process (VmHWM), the workload's buffers included.
     pub peak_rss_kib: u64,
+    /// Where the cases' time went, summed over the cases.
+    #[serde(default)]
+    pub spent: Spent,
+}
+
+/// What a run spends its time on, case by case; each is summed over the cases (ns).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Spent {
+    /// Reserving hugepages and opening and closing the DMA contexts.
+    pub opening_ns: u64,
+    /// The discarded warm-up iterations and the scouts.
+    pub warm_up_ns: u64,
+    /// Attaching one pass's probes and detaching the others'.
+    pub switching_ns: u64,
+    /// The discarded primer iterations after a switch.
+    pub priming_ns: u64,
+    /// The measured iterations of the untraced pass.
+    pub untraced_ns: u64,
+    /// The measured iterations of the exact pass.
+    pub exact_ns: u64,
+    /// The measured iterations of the sampled pass.
+    pub sampled_ns: u64,
+    /// Reading the probes' maps, attributing and writing a case's files.
+    pub reporting_ns: u64,
+}
+
+/// One of the things [`Spent`] adds up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Spend {
+    /// See [`Spent::opening_ns`].
+    Opening,
+    /// See [`Spent::warm_up_ns`].
+    WarmUp,
+    /// See [`Spent::switching_ns`].
+    Switching,
+    /// See [`Spent::priming_ns`].
+    Priming,
+    /// A measured iteration of this pass.
+    Iteration(Pass),
+    /// See [`Spent::reporting_ns`].
+    Reporting,
+}
+
+impl Spent {
+    /// Adds `d` to what `what` took.
+    pub fn add(&mut self, what: Spend, d: std::time::Duration) {
+        let slot = match what {
+            Spend::Opening => &mut self.opening_ns,
+            Spend::WarmUp => &mut self.warm_up_ns,
+            Spend::Switching => &mut self.switching_ns,
+            Spend::Priming => &mut self.priming_ns,
+            Spend::Iteration(Pass::Untraced) => &mut self.untraced_ns,
+            Spend::Iteration(Pass::Exact) => &mut self.exact_ns,
+            Spend::Iteration(Pass::Sampled) => &mut self.sampled_ns,
+            Spend::Reporting => &mut self.reporting_ns,
+        };
+        *slot += d.as_nanos() as u64;
+    }
+
+    /// Everything added up.
+    pub fn total_ns(&self) -> u64 {
+        self.opening_ns
+            + self.warm_up_ns
+            + self.switching_ns
+            + self.priming_ns
+            + self.untraced_ns
+            + self.exact_ns
+            + self.sampled_ns
+            + self.reporting_ns
+    }
+
+    /// One line: the total, then each part in seconds.
+    pub fn summary(&self) -> String {
+        let s = |ns: u64| format!("{:.1}", ns as f64 / 1e9);
+        format!(
+            "cases took {} s: measured iterations untraced {} s, exact {} s, sampled {} s; \
+             warm-up and scout {} s; switching probes {} s; priming {} s; opening {} s; reporting {} s",
+            s(self.total_ns()),
+            s(self.untraced_ns),
+            s(self.exact_ns),
+            s(self.sampled_ns),
+            s(self.warm_up_ns),
+            s(self.switching_ns),
+            s(self.priming_ns),
+            s(self.opening_ns),
+            s(self.reporting_ns),
+        )
+    }
 }
 
 /// Run options.

@@ -18,7 +18,7 @@ use crate::{
     plan::{self, Plan, PlanError, RunOptions},
     privileges,
     probes::{AttachedBy, Group, Pass, ProbeCost},
-    report::{self, Config, Failed, Report, Skipped, Timing},
+    report::{self, Config, Failed, Report, Skipped, Spend, Spent, Timing},
     size::ByteSize,
     stop::{Control, Stage},
     symbols::{KernelSymbols, Pending},
@@ -66,6 +66,8 @@ pub struct Session {
     doctor: Doctor,
     /// Set once the kernel asked for the device back: the DMA cases after that are skipped.
     device_gone: RefCell<Option<String>>,
+    /// Where the cases' time went so far.
+    spent: RefCell<Spent>,
 }
 
 /// Where the single-instance lock lives.
@@ -121,6 +123,7 @@ impl Session {
             plan,
             doctor,
             device_gone: RefCell::new(None),
+            spent: RefCell::new(Spent::default()),
         })
     }
 
@@ -192,6 +195,8 @@ impl Session {
             }
         }
         report.sweeps = crate::sweep::fit_all(&report.cases);
+        report.timing.spent = self.spent.borrow().clone();
+        eprintln!("dmaprof: {}", report.timing.spent.summary());
         // From here on a signal no longer shortens the run: the report is complete unless it
         // came before this check.
         control.enter(Stage::Finishing);
@@ -318,6 +323,7 @@ impl Session {
             Err(CaseError::Probes(e)) => return Err(e.into()),
         };
         control.enter(Stage::Reporting(name.clone()));
+        let reporting = Instant::now();
         let (drained, rows) = match probes {
             Some(p) => (
                 p.drain(attribution::slots(2 * self.opts.traced_iterations))?,
@@ -349,6 +355,7 @@ impl Session {
             output::write_case(&self.out.path, &out)?;
             report.cases.push(out.report);
         }
+        self.spent.borrow_mut().add(Spend::Reporting, reporting.elapsed());
         match failure {
             Some(WorkloadError::Interrupted) => return Ok(true),
             Some(e) => report.failed.push(self.failed(name, &e)),
@@ -388,7 +395,8 @@ impl Session {
         control: &Control,
     ) -> Result<CaseRuns, CaseError> {
         control.enter(Stage::Opening(case.name()));
-        let _reservation = match case.backing.hugetlb_kb() {
+        let opening = Instant::now();
+        let reservation = match case.backing.hugetlb_kb() {
             Some(kb) => Some(
                 Reservation::reserve(kb, size.pages(case.backing.page_size()))
                     .map_err(|e| CaseError::Skip(e.to_string()))?,
@@ -407,6 +415,7 @@ impl Session {
         let steps = schedule(&order, self.opts.iterations, self.opts.traced_iterations);
         eprintln!("dmaprof: {} ({} iterations x {size})", case.name(), steps.len());
         let mut dma = self.dma_context(case, size)?;
+        self.spent.borrow_mut().add(Spend::Opening, opening.elapsed());
         let workload = Workload {
             case: *case,
             size,
@@ -416,7 +425,8 @@ impl Session {
         // times slower and would make every first iteration an outlier.
         // Whatever an earlier case left attached (it may have failed mid-pass) comes off.
         if let Some(p) = probes.as_deref_mut() {
-            p.set_groups(&[]).map_err(CaseError::Probes)?;
+            self.timed(Spend::Switching, || p.set_groups(&[]))
+                .map_err(CaseError::Probes)?;
         }
         let scout = probes.as_deref_mut().filter(|_| scouting).zip(cost);
         let demotion = match self.warm_up(&workload, dma.as_mut(), scout, control)? {
@@ -434,8 +444,10 @@ impl Session {
         let (runs, failure) =
             self.run_steps(&workload, &steps, current, probes.as_deref_mut(), dma.as_mut(), control)?;
         if let Some(p) = probes.filter(|_| failure.is_none()) {
-            p.set_groups(&[]).map_err(CaseError::Probes)?;
+            self.timed(Spend::Switching, || p.set_groups(&[]))
+                .map_err(CaseError::Probes)?;
         }
+        self.timed(Spend::Opening, || drop((dma, reservation)));
         Ok(CaseRuns {
             runs,
             failure,
@@ -468,7 +480,9 @@ impl Session {
             let slot_iteration = self.slot_iteration(pass, index);
             let traced = probes.as_deref_mut().filter(|_| slot_iteration.is_some());
             let mut obs = SlotObserver::new(traced, slot_iteration.unwrap_or(0), control, case);
-            let r = workload::run_iteration(workload, dma.as_deref_mut(), &mut obs, control.cancel_flag());
+            let r = self.timed(Spend::Iteration(pass), || {
+                workload::run_iteration(workload, dma.as_deref_mut(), &mut obs, control.cancel_flag())
+            });
             if let Some(e) = obs.error.take() {
                 return Err(CaseError::Probes(e));
             }
@@ -493,7 +507,10 @@ impl Session {
         let case = &workload.case;
         let mut warm = SlotObserver::new(None, 0, control, case);
         let mut dma = dma;
-        let untraced = match workload::run_iteration(workload, dma.as_deref_mut(), &mut warm, control.cancel_flag()) {
+        let first = self.timed(Spend::WarmUp, || {
+            workload::run_iteration(workload, dma.as_deref_mut(), &mut warm, control.cancel_flag())
+        });
+        let untraced = match first {
             Ok(w) => w,
             Err(e) => return Ok(Err(e)),
         };
@@ -503,7 +520,9 @@ impl Session {
         // so that every run measures after the same allocation history (how contiguous the
         // pages come, and so how many DMA chunks, depends on it).
         let Some((p, cost)) = scout else {
-            let r = workload::run_iteration(workload, dma, &mut warm, control.cancel_flag());
+            let r = self.timed(Spend::WarmUp, || {
+                workload::run_iteration(workload, dma, &mut warm, control.cancel_flag())
+            });
             return Ok(r.map(|_| Demotion::default()));
         };
         control.enter(Stage::Switching(case.name(), Pass::Exact));
@@ -514,7 +533,9 @@ impl Session {
             return Ok(Err(e));
         }
         let mut obs = SlotObserver::new(Some(&mut *p), 0, control, case);
-        let r = workload::run_iteration(workload, dma.as_deref_mut(), &mut obs, control.cancel_flag());
+        let r = self.timed(Spend::WarmUp, || {
+            workload::run_iteration(workload, dma.as_deref_mut(), &mut obs, control.cancel_flag())
+        });
         if let Some(e) = obs.error.take() {
             return Err(CaseError::Probes(e));
         }
@@ -554,13 +575,17 @@ impl Session {
         dma: Option<&mut DmaContext>,
         control: &Control,
     ) -> Result<Result<(), WorkloadError>, CaseError> {
-        let changed = p.set_groups(groups).map_err(CaseError::Probes)?;
+        let changed = self
+            .timed(Spend::Switching, || p.set_groups(groups))
+            .map_err(CaseError::Probes)?;
         let Some(primer) = workload.primer().filter(|_| changed && self.opts.prime) else {
             return Ok(Ok(()));
         };
         let mut obs = SlotObserver::new(Some(p), 0, control, &workload.case);
         obs.fixed_slot = Some(loader::PRIMER_SLOT);
-        let r = workload::run_iteration(&primer, dma, &mut obs, control.cancel_flag()).map(drop);
+        let r = self.timed(Spend::Priming, || {
+            workload::run_iteration(&primer, dma, &mut obs, control.cancel_flag()).map(drop)
+        });
         if let Some(e) = obs.error.take() {
             return Err(CaseError::Probes(e));
         }
@@ -568,6 +593,14 @@ impl Session {
             p.discard_slot(loader::PRIMER_SLOT).map_err(CaseError::Probes)?;
         }
         Ok(r)
+    }
+
+    /// Runs `f`, adding what it took to `what`.
+    fn timed<T>(&self, what: Spend, f: impl FnOnce() -> T) -> T {
+        let started = Instant::now();
+        let r = f();
+        self.spent.borrow_mut().add(what, started.elapsed());
+        r
     }
 
     /// Which slot-iteration a traced pass's `index`-th iteration records into (the exact pass
