@@ -21,6 +21,7 @@ use aya::{
 use crate::{
     abi::{self, Control, PhaseCounters, RowConfig, RowStats, SampleKey},
     category::{CATEGORIES, Category},
+    matrix::DmaMode,
     probes::{AttachedBy, Group, Mechanism, NOT_REQUESTED, PROBE_TABLE, ProbeStatus, TRACEPOINTS},
     symbols::KernelSymbols,
 };
@@ -853,6 +854,8 @@ pub struct Probes {
     calibration: Option<Hook>,
     /// Rows kept detached (see [`Probes::set_demoted`]).
     demoted: Vec<usize>,
+    /// Rows the current case cannot reach (see [`Probes::set_case`]).
+    unreached: Vec<usize>,
 }
 
 impl Probes {
@@ -887,6 +890,7 @@ impl Probes {
             left,
             calibration: None,
             demoted: Vec::new(),
+            unreached: Vec::new(),
         })
     }
 
@@ -897,7 +901,9 @@ impl Probes {
         let mut changed = false;
         let mut taken = Vec::new();
         for hook in &mut self.hooks {
-            let demoted = hook.row.is_some_and(|r| self.demoted.contains(&r));
+            let demoted = hook
+                .row
+                .is_some_and(|r| self.demoted.contains(&r) || self.unreached.contains(&r));
             let wanted = groups.contains(&hook.group) && !demoted;
             match hook.link.take() {
                 Some(l) if !wanted => match unlink(&mut self.ebpf, &hook.target, l) {
@@ -927,11 +933,24 @@ impl Probes {
         self.demoted = rows.to_vec();
     }
 
-    /// The rows that attached (indices into [`PROBE_TABLE`]) and how.
+    /// From the next [`Probes::set_groups`] on, attaches only the rows a case of `mode` (None:
+    /// memory phases only) can reach ([`crate::probes::Reach`]).
+    pub fn set_case(&mut self, mode: Option<DmaMode>) {
+        self.unreached = PROBE_TABLE
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| !r.reach.reached_by(mode))
+            .map(|(i, _)| i)
+            .collect();
+    }
+
+    /// The rows that attached (indices into [`PROBE_TABLE`]) and how; for a case, those it
+    /// can reach.
     pub fn attached_rows(&self) -> Vec<(usize, AttachedBy)> {
         PROBE_TABLE
             .iter()
             .enumerate()
+            .filter(|(i, _)| !self.unreached.contains(i))
             .filter_map(|(i, r)| {
                 let s = self.status.iter().find(|s| s.function == r.function && s.attached)?;
                 Some((i, s.mechanism))

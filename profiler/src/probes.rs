@@ -3,7 +3,7 @@
 //! records. [`crate::loader`] attaches what this module declares.
 use serde::{Deserialize, Serialize};
 
-use crate::{abi, category::Category};
+use crate::{abi, category::Category, matrix::DmaMode};
 
 /// Unit of a probe row's summed size argument.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, strum::IntoStaticStr)]
@@ -23,9 +23,40 @@ pub struct ProbeRow {
     pub function: &'static str,
     /// Argument (0-based) summed per row, and its unit.
     pub amount: Option<(u8, AmountUnit)>,
+    /// Which DMA API's calls can reach the function.
+    pub reach: Reach,
+}
+
+/// Which cases can call a row's function: a case attaches only the rows it can reach, since
+/// each attach and detach of a row costs tens of milliseconds (text patching, RCU grace
+/// periods), per case and pass switch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reach {
+    /// Memory management and the IOMMU core: every case.
+    Any,
+    /// The VFIO type1 driver (`vfio_iommu_type1`): the VFIO container modes only.
+    Type1,
+    /// iommufd, natively or as a VFIO container.
+    Iommufd,
+}
+
+impl Reach {
+    /// Whether a case of `mode` (None: memory phases only) can call the function.
+    pub fn reached_by(self, mode: Option<DmaMode>) -> bool {
+        match self {
+            Reach::Any => true,
+            Reach::Type1 => mode.is_some_and(|m| !m.is_iommufd()),
+            Reach::Iommufd => mode.is_some_and(DmaMode::is_iommufd),
+        }
+    }
 }
 
 impl ProbeRow {
+    /// The same row, reached only by `reach`'s cases.
+    const fn only(self, reach: Reach) -> Self {
+        Self { reach, ..self }
+    }
+
     /// The category its exclusive time counts as: the category table's, like samples.
     pub fn category(&self) -> Category {
         crate::category::of_function(self.function)
@@ -33,13 +64,18 @@ impl ProbeRow {
 }
 
 const fn row(function: &'static str) -> ProbeRow {
-    ProbeRow { function, amount: None }
+    ProbeRow {
+        function,
+        amount: None,
+        reach: Reach::Any,
+    }
 }
 
 const fn pages(function: &'static str, arg: u8) -> ProbeRow {
     ProbeRow {
         function,
         amount: Some((arg, AmountUnit::Pages)),
+        reach: Reach::Any,
     }
 }
 
@@ -47,6 +83,7 @@ const fn bytes(function: &'static str, arg: u8) -> ProbeRow {
     ProbeRow {
         function,
         amount: Some((arg, AmountUnit::Bytes)),
+        reach: Reach::Any,
     }
 }
 
@@ -58,33 +95,33 @@ const fn bytes(function: &'static str, arg: u8) -> ProbeRow {
 /// bookkeeping around the probed calls) count as `other`.
 pub const PROBE_TABLE: &[ProbeRow] = &[
     // VFIO type1 (module vfio_iommu_type1).
-    row("vfio_iommu_type1_ioctl"),
-    row("vfio_dma_do_map"),
-    row("vfio_pin_map_dma"),
-    pages("vfio_pin_pages_remote", 2),
-    pages("vaddr_get_pfns", 2),
-    pages("vfio_iommu_map", 3),
-    row("vfio_unmap_unpin"),
-    row("vfio_sync_unpin"),
-    pages("vfio_unpin_pages_remote", 3),
-    row("vfio_lock_acct"),
+    row("vfio_iommu_type1_ioctl").only(Reach::Type1),
+    row("vfio_dma_do_map").only(Reach::Type1),
+    row("vfio_pin_map_dma").only(Reach::Type1),
+    pages("vfio_pin_pages_remote", 2).only(Reach::Type1),
+    pages("vaddr_get_pfns", 2).only(Reach::Type1),
+    pages("vfio_iommu_map", 3).only(Reach::Type1),
+    row("vfio_unmap_unpin").only(Reach::Type1),
+    row("vfio_sync_unpin").only(Reach::Type1),
+    pages("vfio_unpin_pages_remote", 3).only(Reach::Type1),
+    row("vfio_lock_acct").only(Reach::Type1),
     // iommufd (module iommufd).
-    row("iommufd_ioas_map"),
-    row("iommufd_ioas_map_file"),
-    row("iommufd_vfio_map_dma"),
-    row("iommufd_ioas_unmap"),
-    row("iopt_map_user_pages"),
-    row("iopt_map_file_pages"),
-    row("iopt_area_fill_domains"),
-    row("pfn_reader_first"),
-    row("pfn_reader_next"),
-    row("pfn_reader_user_pin"),
-    row("batch_to_domain"),
-    row("iopt_pages_update_pinned"),
-    row("iopt_area_unfill_domains"),
-    row("__iopt_area_unfill_domain"),
-    row("batch_from_domain"),
-    row("batch_unpin"),
+    row("iommufd_ioas_map").only(Reach::Iommufd),
+    row("iommufd_ioas_map_file").only(Reach::Iommufd),
+    row("iommufd_vfio_map_dma").only(Reach::Iommufd),
+    row("iommufd_ioas_unmap").only(Reach::Iommufd),
+    row("iopt_map_user_pages").only(Reach::Iommufd),
+    row("iopt_map_file_pages").only(Reach::Iommufd),
+    row("iopt_area_fill_domains").only(Reach::Iommufd),
+    row("pfn_reader_first").only(Reach::Iommufd),
+    row("pfn_reader_next").only(Reach::Iommufd),
+    row("pfn_reader_user_pin").only(Reach::Iommufd),
+    row("batch_to_domain").only(Reach::Iommufd),
+    row("iopt_pages_update_pinned").only(Reach::Iommufd),
+    row("iopt_area_unfill_domains").only(Reach::Iommufd),
+    row("__iopt_area_unfill_domain").only(Reach::Iommufd),
+    row("batch_from_domain").only(Reach::Iommufd),
+    row("batch_unpin").only(Reach::Iommufd),
     // GUP.
     pages("pin_user_pages_remote", 2),
     pages("pin_user_pages_fast", 1),
@@ -326,6 +363,35 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), PROBE_TABLE.len());
+    }
+
+    #[test]
+    fn a_case_attaches_only_the_rows_its_dma_api_can_reach() {
+        let reached = |mode: Option<DmaMode>| -> Vec<&str> {
+            let rows = PROBE_TABLE.iter().filter(|r| r.reach.reached_by(mode));
+            rows.map(|r| r.function).collect()
+        };
+        let type1 = reached(Some(DmaMode::VfioType1v2Iommu));
+        let iommufd = reached(Some(DmaMode::IommufdCompatType1));
+        let memory = reached(None);
+        assert!(type1.contains(&"vfio_pin_pages_remote") && !type1.contains(&"iopt_area_fill_domains"));
+        assert!(iommufd.contains(&"iopt_area_fill_domains") && !iommufd.contains(&"vfio_pin_pages_remote"));
+        assert!(memory.contains(&"handle_mm_fault") && memory.contains(&"iommu_map"));
+        assert_eq!(reached(Some(DmaMode::Iommufd)), iommufd);
+        // The drivers' own functions are the only ones left out, by their prefixes.
+        for r in PROBE_TABLE {
+            let driver = [
+                "vfio_",
+                "vaddr_",
+                "iommufd_",
+                "iopt_",
+                "pfn_reader_",
+                "batch_",
+                "__iopt_",
+            ];
+            let own = driver.iter().any(|p| r.function.starts_with(p));
+            assert_eq!(own, r.reach != Reach::Any, "{}", r.function);
+        }
     }
 
     #[test]

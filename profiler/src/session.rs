@@ -427,6 +427,7 @@ impl Session {
         if let Some(p) = probes.as_deref_mut() {
             self.timed(Spend::Switching, || p.set_groups(&[]))
                 .map_err(CaseError::Probes)?;
+            p.set_case(case.mode);
         }
         let scout = probes.as_deref_mut().filter(|_| scouting).zip(cost);
         let demotion = match self.warm_up(&workload, dma.as_mut(), scout, control)? {
