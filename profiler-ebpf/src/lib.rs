@@ -51,6 +51,8 @@ pub mod maps {
     pub const STACKS: &str = "STACKS";
     /// `Array<SyscallEntry>` with one entry: the workload thread's syscall in progress.
     pub const SYSCALL_ENTER: &str = "SYSCALL_ENTER";
+    /// `Array<OffCpu>` with one entry: when and how the workload thread last left the CPU.
+    pub const OFF_CPU: &str = "OFF_CPU";
     /// `HashMap<u64, RowConfig>`: probed function entry address -> probe-table row.
     pub const ROW_BY_IP: &str = "ROW_BY_IP";
     /// `Array<RowStats>` indexed by `phase * MAX_ROWS + row`.
@@ -76,6 +78,7 @@ pub mod maps {
         SAMPLES,
         STACKS,
         SYSCALL_ENTER,
+        OFF_CPU,
         ROW_BY_IP,
         ROW_STATS,
         CALL_STACK,
@@ -100,6 +103,8 @@ pub mod programs {
     pub const PAGE_FAULT_USER: &str = "page_fault_user";
     /// Raw tracepoint `mm_page_alloc` (kmem).
     pub const PAGE_ALLOC: &str = "page_alloc";
+    /// Raw tracepoint `sched_switch` (sched).
+    pub const SCHED_SWITCH: &str = "sched_switch";
     /// Kprobe on every probed function's entry (the row comes from the entry address).
     pub const ROW_ENTRY: &str = "row_entry";
     /// Kretprobe on every probed function's return.
@@ -115,6 +120,7 @@ pub mod programs {
         SYS_EXIT,
         PAGE_FAULT_USER,
         PAGE_ALLOC,
+        SCHED_SWITCH,
         ROW_ENTRY,
         ROW_EXIT,
     ];
@@ -253,6 +259,13 @@ pub struct PhaseCounters {
     /// `kmem:mm_page_alloc` hits by allocation order (the last slot: that order or higher):
     /// the page and folio sizes the phase allocated (4 KiB pages, 2 MiB THP folios, ...).
     pub page_allocs: [u64; PAGE_ORDERS],
+    /// Times the workload thread left the CPU (`sched:sched_switch` away from it).
+    pub switches: u64,
+    /// Of those, the times it went to sleep (blocked on a lock, an I/O, a wait) rather than
+    /// being preempted while runnable.
+    pub blocked: u64,
+    /// Time it spent off the CPU: from each switch away to the switch back, in ns.
+    pub off_cpu_ns: u64,
 }
 
 /// Allocation orders [`PhaseCounters::page_allocs`] tells apart (0 to 10, then 11 and above).
@@ -343,6 +356,8 @@ mod pod {
     // SAFETY: as above.
     unsafe impl aya::Pod for super::SyscallEntry {}
     // SAFETY: as above.
+    unsafe impl aya::Pod for super::OffCpu {}
+    // SAFETY: as above.
     unsafe impl aya::Pod for super::RowConfig {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::RowStats {}
@@ -356,6 +371,20 @@ mod pod {
     unsafe impl aya::Pod for super::RecordIoctl {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::DmaCall {}
+}
+
+/// When the workload thread last left the CPU, until it is switched back in.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OffCpu {
+    /// `bpf_ktime_get_ns` at the switch away; 0 = on the CPU.
+    pub out_ns: u64,
+    /// Its `task_struct` address, which the switch back names as `next`.
+    pub task: u64,
+    /// The phase slot it left in.
+    pub phase: u32,
+    /// Reserved; keeps the struct 8-byte sized.
+    pub _reserved: u32,
 }
 
 /// The workload thread's syscall in progress (raw_syscalls:sys_enter -> sys_exit).

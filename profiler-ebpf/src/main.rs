@@ -11,7 +11,7 @@
 use aya_ebpf::{
     EbpfContext,
     bindings::{BPF_NOEXIST, pt_regs},
-    helpers::generated::bpf_get_func_arg,
+    helpers::generated::{bpf_get_current_task, bpf_get_func_arg},
     helpers::{bpf_get_current_pid_tgid, bpf_get_func_ip, bpf_ktime_get_ns},
     helpers::{bpf_probe_read_kernel, bpf_probe_read_user},
     macros::{fentry, fexit, kprobe, kretprobe, map, perf_event, raw_tracepoint},
@@ -24,8 +24,8 @@ use aya_ebpf::{
 use aya_log_ebpf::warn;
 use profiler_ebpf::{
     CALLS_RING_BYTES, Control, DmaCall, Frame, MAX_CALL_DEPTH, MAX_CATEGORIES, MAX_PHASES, MAX_RECORD_IOCTLS, MAX_ROWS,
-    MAX_THREAD_CALLS, MAX_WATCHED, PAGE_ORDERS, PhaseCounters, RecordIoctl, RecordSyscalls, RowConfig, RowStats,
-    SAMPLE_MAP_ENTRIES, STACK_MAP_ENTRIES, SampleKey, SyscallEntry, ThreadCall, Watch,
+    MAX_THREAD_CALLS, MAX_WATCHED, OffCpu, PAGE_ORDERS, PhaseCounters, RecordIoctl, RecordSyscalls, RowConfig,
+    RowStats, SAMPLE_MAP_ENTRIES, STACK_MAP_ENTRIES, SampleKey, SyscallEntry, ThreadCall, Watch,
 };
 
 /// The workload thread's id; set by user space at load time.
@@ -102,6 +102,9 @@ static STACKS: StackTrace = StackTrace::with_max_entries(STACK_MAP_ENTRIES, 0);
 
 #[map]
 static SYSCALL_ENTER: Array<SyscallEntry> = Array::with_max_entries(1, 0);
+
+#[map]
+static OFF_CPU: Array<OffCpu> = Array::with_max_entries(1, 0);
 
 /// The phase slot being recorded, if the current thread is watched.
 #[inline(always)]
@@ -244,6 +247,63 @@ pub fn page_fault_user(_ctx: RawTracePointContext) -> u32 {
         c.user_faults += 1;
         event_hit();
     }
+    0
+}
+
+/// sched:sched_switch(preempt, prev, next, prev_state), on every CPU's every switch: the
+/// workload thread's time off the CPU inside a phase (blocked on a lock, waiting for a
+/// work item, preempted), which the wall time holds and the sampler, running on the
+/// thread's CPU time, never sees. The switch away runs as the thread; the switch back runs
+/// as whoever it replaces, and is known by its `next` task.
+#[raw_tracepoint(tracepoint = "sched_switch")]
+pub fn sched_switch(ctx: RawTracePointContext) -> u32 {
+    if by_process() {
+        return 0;
+    }
+    let Some(off) = OFF_CPU.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: reading the clock has no preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if is_target_thread() {
+        let Some(phase) = recording_phase() else {
+            return 0;
+        };
+        let Some(c) = counters(phase) else {
+            return 0;
+        };
+        // A preempted thread is runnable whatever its state says (the event's `R+`).
+        let (preempt, prev_state): (u64, u64) = (ctx.arg(0), ctx.arg(3));
+        c.switches += 1;
+        if preempt & 1 == 0 && prev_state as u32 != 0 {
+            c.blocked += 1;
+        }
+        event_hit();
+        // SAFETY: reading the current task's address has no preconditions; it is only
+        // compared, never dereferenced.
+        let task = unsafe { bpf_get_current_task() };
+        // SAFETY: valid map value pointer for the duration of the program.
+        unsafe {
+            *off = OffCpu {
+                out_ns: now,
+                task,
+                phase,
+                _reserved: 0,
+            };
+        }
+        return 0;
+    }
+    // SAFETY: valid map value pointer for the duration of the program.
+    let left = unsafe { *off };
+    let next: u64 = ctx.arg(2);
+    if left.out_ns == 0 || next != left.task {
+        return 0;
+    }
+    if let Some(c) = counters(left.phase) {
+        c.off_cpu_ns += now.saturating_sub(left.out_ns);
+    }
+    // SAFETY: as above.
+    unsafe { (*off).out_ns = 0 };
     0
 }
 

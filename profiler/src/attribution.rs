@@ -14,7 +14,8 @@ use crate::{
     matrix::Workload,
     probes::{AttachedBy, CallCost, PROBE_TABLE, Pass, ProbeCost, ProbeStatus},
     report::{
-        CaseReport, Counters, DemotedRow, Exact, ExactRow, PassTimes, PhaseReport, Ratio, Sampled, Stats, median_ci,
+        CaseReport, Counters, DemotedRow, Exact, ExactRow, OffCpu, PassTimes, PhaseReport, Ratio, Sampled, Stats,
+        median_ci,
     },
     symbols::KernelSymbols,
     workload::{PHASES, Phase, PhaseRun},
@@ -60,6 +61,8 @@ pub struct Coverage {
     pub page_allocs: bool,
     /// Sampled stacks (the perf event).
     pub samples: bool,
+    /// The workload thread's time off the CPU (sched:sched_switch, both traced passes).
+    pub switches: bool,
 }
 
 /// Why a run has no exact attribution (report.json's `exact.unavailable` has it in words).
@@ -86,6 +89,7 @@ impl Coverage {
             cpu_faults: false,
             page_allocs: false,
             samples: false,
+            switches: false,
         }
     }
 
@@ -120,6 +124,7 @@ impl Coverage {
             syscalls: attached(&|s| s.function == "raw_syscalls:sys_exit"),
             cpu_faults: attached(&|s| s.function == "exceptions:page_fault_user"),
             page_allocs: attached(&|s| s.function == "kmem:mm_page_alloc"),
+            switches: attached(&|s| s.function == "sched:sched_switch"),
             samples: attached(&|s| s.mechanism == AttachedBy::PerfEvent),
         }
     }
@@ -805,6 +810,10 @@ fn phase_report(phase: Phase, input: &CaseInput, cats: &CategoryCounts, owners: 
         .map(|s| counters_at(input.drained, s))
         .collect();
     let med = |f: fn(&PhaseCounters) -> u64| Stats::of(counters.iter().map(f).collect()).median;
+    let sampled_slots: Vec<PhaseCounters> = runs_of(input.runs, Pass::Sampled, phase)
+        .iter()
+        .map(|(it, _)| counters_at(input.drained, slot(*it, phase)))
+        .collect();
     // A non-populating mmap only reserves addresses: a GiB/s of it would be meaningless.
     let moves_memory = match phase {
         Phase::Close | Phase::MemfdCreate => false,
@@ -842,6 +851,7 @@ fn phase_report(phase: Phase, input: &CaseInput, cats: &CategoryCounts, owners: 
             samples: cats.total(),
             lost: all_traced.iter().map(|c| c.lost_samples).sum(),
             categories: cats.shares(),
+            off_cpu_ns: cov.switches.then(|| sampled_slots.iter().map(|c| c.off_cpu_ns).sum()),
         },
         per_page_ns: BTreeMap::new(),
         counters: Counters {
@@ -851,6 +861,11 @@ fn phase_report(phase: Phase, input: &CaseInput, cats: &CategoryCounts, owners: 
             major_faults: Stats::of(head.iter().map(|(_, p)| p.major_faults).collect()).median,
             syscalls: cov.syscalls.then(|| med(|c| c.syscalls)),
             unbalanced: all_traced.iter().map(|c| c.unbalanced).sum(),
+            off_cpu: (cov.switches && !exact.is_empty()).then(|| OffCpu {
+                ns: med(|c| c.off_cpu_ns),
+                switches: med(|c| c.switches),
+                blocked: med(|c| c.blocked),
+            }),
         },
         wall_ns: wall,
         physical_runs,
@@ -1176,14 +1191,26 @@ mod tests {
             count,
         };
         Drained {
-            counters: vec![(
-                map,
-                PhaseCounters {
-                    syscall_ns: 999_900,
-                    samples: 3,
-                    ..Default::default()
-                },
-            )],
+            counters: vec![
+                (
+                    map,
+                    PhaseCounters {
+                        syscall_ns: 999_900,
+                        samples: 3,
+                        switches: 3,
+                        blocked: 2,
+                        off_cpu_ns: 200_000,
+                        ..Default::default()
+                    },
+                ),
+                (
+                    slot(1, Phase::Map),
+                    PhaseCounters {
+                        off_cpu_ns: 1_000_000,
+                        ..Default::default()
+                    },
+                ),
+            ],
             samples: vec![sample(vec![0x2010, 0x1010], 2), sample(vec![], 1)],
             rows: vec![
                 (map, row("pin_user_pages_remote"), stats(500)),
@@ -1219,6 +1246,7 @@ mod tests {
                 cpu_faults: false,
                 page_allocs: false,
                 samples: true,
+                switches: true,
             },
             demotion: Demotion::default(),
         }
@@ -1324,6 +1352,16 @@ mod tests {
         let exact = p.passes[&Pass::Exact].ratio.unwrap();
         assert!((exact.median - 1.0).abs() < 1e-9 && (exact.low - 1.0 / 1.1).abs() < 1e-9);
         assert!((p.passes[&Pass::Sampled].ratio.unwrap().median - 2.0).abs() < 1e-9);
+        // Each traced pass says how long the thread was off the CPU; the sampler could see
+        // only the rest of the sampled pass's 2 ms.
+        let off = crate::report::OffCpu {
+            ns: 200_000,
+            switches: 3,
+            blocked: 2,
+        };
+        assert_eq!(p.counters.off_cpu, Some(off));
+        assert_eq!(p.sampled.off_cpu_ns, Some(1_000_000));
+        assert_eq!(crate::report::expected_samples(p, 10_000), Some(10));
         // Not measured is absent, not zero; a phase under 1 ms untraced gets no ratio.
         assert_eq!(p.counters.cpu_faults, None);
         assert!(p.kernel_ns.is_some());
@@ -1540,6 +1578,7 @@ mod tests {
             cpu_faults: false,
             page_allocs: false,
             samples: true,
+            switches: false,
         };
         let out = case_report(&CaseInput {
             label: "vfio_type1_iommu_anonymous.none",

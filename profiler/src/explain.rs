@@ -588,12 +588,25 @@ pub fn checks(report: &Report) -> Vec<String> {
             }
             if let Some(expected) = crate::report::samples_short(p, report.config.freq_hz) {
                 out.push(format!(
-                    "{} {}: the sampled pass took {} of the ~{expected} samples its wall time gives at {} Hz: \
+                    "{} {}: the sampled pass took {} of the ~{expected} samples its time on the CPU gives at {} Hz: \
                      the sampler missed stretches of it, and its shares hold only if those are spread evenly",
                     case.name,
                     p.name.name(),
                     p.sampled.samples,
                     report.config.freq_hz
+                ));
+            }
+            if let Some(off) = crate::report::off_cpu_heavy(p) {
+                out.push(format!(
+                    "{} {}: the exact iteration spent {:.2} of its {:.2} ms off the CPU ({} sleep(s), {} preemption(s)): \
+                     that time is in the row the thread left from, not work that row did; run it again or \
+                     look for what else the machine was doing",
+                    case.name,
+                    p.name.name(),
+                    off.ns as f64 / 1e6,
+                    p.exact.wall_ns as f64 / 1e6,
+                    off.blocked,
+                    off.switches - off.blocked
                 ));
             }
             if let Some((cat, gap)) = disagreement(p) {
@@ -1068,11 +1081,47 @@ mod tests {
         let flagged = |r: &Report| {
             checks(r)
                 .into_iter()
-                .any(|c| c.starts_with(&name) && c.contains("samples its wall time"))
+                .any(|c| c.starts_with(&name) && c.contains("samples its time on the CPU"))
         };
         r.cases[ci].phases[pi].sampled.samples = expected;
         assert!(!flagged(&r));
         r.cases[ci].phases[pi].sampled.samples = expected / 3;
+        assert!(flagged(&r), "{:#?}", checks(&r));
+        // Time the thread spent off the CPU, where the sampler cannot fire, is not a miss.
+        let wall: u64 = r.cases[ci].phases[pi].passes[&crate::probes::Pass::Sampled]
+            .wall_ns
+            .runs
+            .iter()
+            .sum();
+        r.cases[ci].phases[pi].sampled.off_cpu_ns = Some(wall * 3 / 4);
+        assert!(!flagged(&r), "{:#?}", checks(&r));
+    }
+
+    #[test]
+    fn an_exact_iteration_mostly_off_the_cpu_is_flagged() {
+        let mut r = matrix();
+        let (ci, pi) = r
+            .cases
+            .iter()
+            .enumerate()
+            .flat_map(|(ci, c)| c.phases.iter().enumerate().map(move |(pi, p)| (ci, pi, p)))
+            .find_map(|(ci, pi, p)| (p.exact.available && p.exact.wall_ns > 1_000_000).then_some((ci, pi)))
+            .expect("the saved run has an exact phase over 1 ms");
+        let name = format!("{} {}:", r.cases[ci].name, r.cases[ci].phases[pi].name.name());
+        let flagged = |r: &Report| {
+            checks(r)
+                .into_iter()
+                .any(|c| c.starts_with(&name) && c.contains("off the CPU"))
+        };
+        let wall = r.cases[ci].phases[pi].exact.wall_ns;
+        let off = |ns| crate::report::OffCpu {
+            ns,
+            switches: 9,
+            blocked: 8,
+        };
+        r.cases[ci].phases[pi].counters.off_cpu = Some(off(wall / 20));
+        assert!(!flagged(&r));
+        r.cases[ci].phases[pi].counters.off_cpu = Some(off(wall / 2));
         assert!(flagged(&r), "{:#?}", checks(&r));
     }
 

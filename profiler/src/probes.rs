@@ -233,6 +233,12 @@ pub const TRACEPOINTS: &[Tracepoint] = &[
         group: Group::Tracepoints,
     },
     Tracepoint {
+        program: abi::programs::SCHED_SWITCH,
+        category: "sched",
+        event: "sched_switch",
+        group: Group::Switches,
+    },
+    Tracepoint {
         program: abi::programs::PAGE_ALLOC,
         category: "kmem",
         event: "mm_page_alloc",
@@ -301,8 +307,8 @@ impl Pass {
     pub fn groups(self) -> &'static [Group] {
         match self {
             Pass::Untraced => &[],
-            Pass::Exact => &[Group::Rows, Group::Tracepoints],
-            Pass::Sampled => &[Group::Sampler],
+            Pass::Exact => &[Group::Rows, Group::Tracepoints, Group::Switches],
+            Pass::Sampled => &[Group::Sampler, Group::Switches],
         }
     }
 }
@@ -319,6 +325,9 @@ pub enum Group {
     Scout,
     /// The perf-event sampler.
     Sampler,
+    /// The workload thread's switches off and back onto the CPU, in both traced passes: the
+    /// sampler runs on the thread's CPU time and misses the rest of the wall time.
+    Switches,
 }
 
 /// How one probe is (or would have been) attached.

@@ -348,6 +348,7 @@ fn slot_samples(drained: &Drained, slot: u32, symbols: Option<&KernelSymbols>) -
         samples: cats.total(),
         lost,
         categories: cats.shares(),
+        off_cpu_ns: None,
     };
     (sampled, folded)
 }

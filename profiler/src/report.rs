@@ -418,6 +418,22 @@ pub struct Sampled {
     pub lost: u64,
     /// Share of samples per category (sums to 1 when samples > 0).
     pub categories: BTreeMap<Category, f64>,
+    /// The thread's time off the CPU over the same iterations, which the sampler (running on
+    /// its CPU time) cannot see (None: sched_switch was not attached).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub off_cpu_ns: Option<u64>,
+}
+
+/// The workload thread's time off the CPU in a phase (`sched:sched_switch`): blocked on a
+/// lock or a wait, or preempted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OffCpu {
+    /// From each switch away to the switch back, summed.
+    pub ns: u64,
+    /// Switches away.
+    pub switches: u64,
+    /// Of those, the sleeps (the rest were preemptions).
+    pub blocked: u64,
 }
 
 /// Counters of a phase: medians over iterations (lost events: the total).
@@ -444,6 +460,9 @@ pub struct Counters {
     /// Syscall exits without a matching entry (lost events).
     #[serde(default)]
     pub unbalanced: u64,
+    /// Time off the CPU (None: sched_switch was not attached).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub off_cpu: Option<OffCpu>,
 }
 
 /// One phase of one case.
@@ -790,12 +809,23 @@ mod mode_name {
     }
 }
 
-/// Samples a phase's sampled pass should have taken: its iterations' wall time at `freq_hz`
+/// Samples a phase's sampled pass should have taken: its iterations' time on the CPU (their wall
+/// time less what the thread spent off it, where that was measured) at `freq_hz`
 /// (None without a sampled pass).
 pub fn expected_samples(p: &PhaseReport, freq_hz: u64) -> Option<u64> {
     let t = p.passes.get(&Pass::Sampled)?;
-    let ns: u64 = t.wall_ns.runs.iter().sum();
+    let wall: u64 = t.wall_ns.runs.iter().sum();
+    let ns = wall.saturating_sub(p.sampled.off_cpu_ns.unwrap_or(0));
     Some((u128::from(ns) * u128::from(freq_hz) / 1_000_000_000) as u64)
+}
+
+/// The phase's exact time off the CPU, where it is a tenth or more of the exact iteration's
+/// wall time and at least 0.1 ms: the exact breakdown holds it in whichever row the thread
+/// left the CPU from (a lock it waited for, a work item it flushed), and it varies from run
+/// to run as the machine's other work does.
+pub fn off_cpu_heavy(p: &PhaseReport) -> Option<OffCpu> {
+    let off = p.counters.off_cpu?;
+    (p.exact.available && off.ns >= 100_000 && off.ns * 10 >= p.exact.wall_ns).then_some(off)
 }
 
 /// Whether the sampler missed much of a phase: fewer than half the samples its wall time

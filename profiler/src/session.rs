@@ -528,7 +528,7 @@ impl Session {
         };
         control.enter(Stage::Switching(case.name(), Pass::Exact));
         p.set_demoted(&[]);
-        let scout_groups = [Group::Rows, Group::Tracepoints, Group::Scout];
+        let scout_groups = [Group::Rows, Group::Tracepoints, Group::Scout, Group::Switches];
         if let Err(e) = self.switch(p, &scout_groups, workload, dma.as_deref_mut(), control)? {
             p.set_groups(&[]).map_err(CaseError::Probes)?;
             return Ok(Err(e));

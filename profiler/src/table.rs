@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 use crate::{
     category::{CATEGORIES, Category},
     probes::{AttachedBy, Mechanism, NOT_REQUESTED, Pass},
-    report::{CaseReport, PhaseReport, Report, samples_short},
+    report::{CaseReport, PhaseReport, Report, off_cpu_heavy, samples_short},
     size::HumanSize,
 };
 
@@ -424,7 +424,7 @@ fn footer(report: &Report) -> String {
             let _ = writeln!(out, "  {:<40} {} {} -> {}{scope}", l.case, l.counter, l.before, l.after);
         }
     }
-    out + &samples_footer(report) + &probes_footer(report)
+    out + &samples_footer(report) + &off_cpu_footer(report) + &probes_footer(report)
 }
 
 /// Phases whose sampled pass took fewer than half the samples its wall time should have given
@@ -448,10 +448,44 @@ fn samples_footer(report: &Report) -> String {
         _ => String::new(),
     };
     format!(
-        "\nsampled: {} phase(s) took under half the samples of their wall time at {freq} Hz ({}{more}): \
+        "\nsampled: {} phase(s) took under half the samples of their time on the CPU at {freq} Hz ({}{more}): \
          the sampler did not fire for stretches of them; the shares hold only if those are spread evenly\n",
         short.len(),
         short.iter().take(3).cloned().collect::<Vec<_>>().join(", ")
+    )
+}
+
+/// Phases whose exact iteration spent a tenth or more of its time off the CPU.
+fn off_cpu_footer(report: &Report) -> String {
+    let heavy: Vec<String> = report
+        .cases
+        .iter()
+        .flat_map(|c| c.phases.iter().map(move |p| (c, p)))
+        .filter_map(|(c, p)| {
+            let off = off_cpu_heavy(p)?;
+            Some(format!(
+                "{} {} {:.1} of {:.1} ms, {} sleep(s) and {} preemption(s)",
+                c.name,
+                p.name.name(),
+                off.ns as f64 / 1e6,
+                p.exact.wall_ns as f64 / 1e6,
+                off.blocked,
+                off.switches - off.blocked
+            ))
+        })
+        .collect();
+    if heavy.is_empty() {
+        return String::new();
+    }
+    let more = match heavy.len() {
+        n if n > 3 => format!(" and {} more", n - 3),
+        _ => String::new(),
+    };
+    format!(
+        "\noff the CPU: {} phase(s) spent a tenth or more of their exact iteration off the CPU ({}{more}): \
+         that time is in the row the thread left from, and varies with the machine's other work\n",
+        heavy.len(),
+        heavy.iter().take(3).cloned().collect::<Vec<_>>().join("; ")
     )
 }
 
