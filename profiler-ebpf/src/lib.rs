@@ -266,6 +266,9 @@ pub struct PhaseCounters {
     pub blocked: u64,
     /// Time it spent off the CPU: from each switch away to the switch back, in ns.
     pub off_cpu_ns: u64,
+    /// Time the sampler's program took over this phase's samples (its kernel stack walks
+    /// mostly), in ns.
+    pub sampler_ns: u64,
 }
 
 /// Allocation orders [`PhaseCounters::page_allocs`] tells apart (0 to 10, then 11 and above).

@@ -142,6 +142,8 @@ pub fn sample_stack(ctx: PerfEventContext) -> u32 {
     let Some(c) = counters(phase) else {
         return 0;
     };
+    // SAFETY: reading the clock has no preconditions.
+    let started = unsafe { bpf_ktime_get_ns() };
     c.samples += 1;
     // A sample taken in user mode has no kernel stack: the helper fails and we keep -1. No
     // user stack is taken: walking it costs as much as the kernel one and the workload's user
@@ -162,6 +164,8 @@ pub fn sample_stack(ctx: PerfEventContext) -> u32 {
             }
         }
     }
+    // SAFETY: as above.
+    c.sampler_ns += unsafe { bpf_ktime_get_ns() }.saturating_sub(started);
     0
 }
 

@@ -852,6 +852,7 @@ fn phase_report(phase: Phase, input: &CaseInput, cats: &CategoryCounts, owners: 
             lost: all_traced.iter().map(|c| c.lost_samples).sum(),
             categories: cats.shares(),
             off_cpu_ns: cov.switches.then(|| sampled_slots.iter().map(|c| c.off_cpu_ns).sum()),
+            sampler_ns: sampled_slots.iter().map(|c| c.sampler_ns).sum(),
         },
         per_page_ns: BTreeMap::new(),
         counters: Counters {

@@ -588,12 +588,12 @@ pub fn checks(report: &Report) -> Vec<String> {
             }
             if let Some(expected) = crate::report::samples_short(p, report.config.freq_hz) {
                 out.push(format!(
-                    "{} {}: the sampled pass took {} of the ~{expected} samples its time on the CPU gives at {} Hz: \
-                     the sampler missed stretches of it, and its shares hold only if those are spread evenly",
+                    "{} {}: the sampled pass took {} of the ~{expected} samples its time on the CPU gives at {} Hz{}",
                     case.name,
                     p.name.name(),
                     p.sampled.samples,
-                    report.config.freq_hz
+                    report.config.freq_hz,
+                    sampler_skips(p, report.config.freq_hz)
                 ));
             }
             if let Some(off) = crate::report::off_cpu_heavy(p) {
@@ -690,6 +690,23 @@ fn demand_against_populate(report: &Report, case: &CaseReport) -> Option<String>
             gap * 100.0
         )
     })
+}
+
+/// Why a phase took fewer samples than its time gives: each sample cost about a sampling
+/// period (the timer then skips periods, and the samples stay evenly spread), or the
+/// sampler missed stretches.
+fn sampler_skips(p: &PhaseReport, freq_hz: u64) -> String {
+    let period_us = 1_000_000 / freq_hz.max(1);
+    match crate::report::sampler_skips(p, freq_hz) {
+        Some(ns) => format!(
+            ": each sample cost the phase about {} us (the sampled pass's time over the untraced \
+             one, per sample; {} us of it in dmaprof's program) against a {period_us} us period, so the \
+             timer skipped periods; the samples are fewer but still spread evenly",
+            ns / 1000,
+            p.sampled.per_sample_ns().unwrap_or(0) / 1000
+        ),
+        None => ": the sampler missed stretches of it, and its shares hold only if those are spread evenly".to_owned(),
+    }
 }
 
 /// The category exact and sampled disagree on most, where both are there (1000 samples or
@@ -891,6 +908,7 @@ pub fn explain_recording(r: &RecordReport) -> Explanation {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::probes::Pass;
 
     /// A real run of the custom 7.3 kernel's matrix in the guest (64 MiB), trimmed to the cases
     /// the rules are about, with exact rows kept for the map and unmap phases only.
@@ -1087,14 +1105,33 @@ mod tests {
         assert!(!flagged(&r));
         r.cases[ci].phases[pi].sampled.samples = expected / 3;
         assert!(flagged(&r), "{:#?}", checks(&r));
+        let says = |r: &Report, what: &str| checks(r).iter().any(|c| c.starts_with(&name) && c.contains(what));
         // Time the thread spent off the CPU, where the sampler cannot fire, is not a miss.
-        let wall: u64 = r.cases[ci].phases[pi].passes[&crate::probes::Pass::Sampled]
-            .wall_ns
-            .runs
-            .iter()
-            .sum();
-        r.cases[ci].phases[pi].sampled.off_cpu_ns = Some(wall * 3 / 4);
+        let wall: u64 = r.cases[ci].phases[pi].passes[&Pass::Sampled].wall_ns.runs.iter().sum();
+        r.cases[ci].phases[pi].sampled.off_cpu_ns = Some(wall / 2);
         assert!(!flagged(&r), "{:#?}", checks(&r));
+        // The sampled pass no slower than the untraced one: the sampler missed stretches.
+        let p = &mut r.cases[ci].phases[pi];
+        let n = p.passes[&Pass::Sampled].wall_ns.runs.len();
+        let set_walls = |p: &mut PhaseReport, per_run: u64| {
+            p.passes.get_mut(&Pass::Sampled).unwrap().wall_ns = crate::report::Stats::of(vec![per_run; n]);
+        };
+        set_walls(p, p.wall_ns.median);
+        (p.sampled.samples, p.sampled.off_cpu_ns) = (10, Some(0));
+        assert!(
+            says(&r, "missed stretches") && !says(&r, "skipped periods"),
+            "{:#?}",
+            checks(&r)
+        );
+        // Samples that cost the phase more than a period each: the timer skipped periods.
+        let p = &mut r.cases[ci].phases[pi];
+        set_walls(p, p.wall_ns.median + 10 / n as u64 * 300_000);
+        p.sampled.sampler_ns = 10 * 30_000;
+        assert!(says(&r, "about 300 us"), "{:#?}", checks(&r));
+        assert!(says(
+            &r,
+            "30 us of it in dmaprof's program) against a 200 us period, so the timer skipped"
+        ));
     }
 
     #[test]

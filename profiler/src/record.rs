@@ -349,6 +349,7 @@ fn slot_samples(drained: &Drained, slot: u32, symbols: Option<&KernelSymbols>) -
         lost,
         categories: cats.shares(),
         off_cpu_ns: None,
+        sampler_ns: 0,
     };
     (sampled, folded)
 }

@@ -422,6 +422,18 @@ pub struct Sampled {
     /// its CPU time) cannot see (None: sched_switch was not attached).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub off_cpu_ns: Option<u64>,
+    /// Time the sampler's own program took over those samples (its kernel stack walks): where
+    /// a sample costs about a sampling period, the timer skips periods and a phase takes fewer
+    /// samples than its time gives, still spread evenly over it.
+    #[serde(default)]
+    pub sampler_ns: u64,
+}
+
+impl Sampled {
+    /// What one sample's program took on average (None without samples).
+    pub fn per_sample_ns(&self) -> Option<u64> {
+        (self.samples > 0).then(|| self.sampler_ns / self.samples)
+    }
 }
 
 /// The workload thread's time off the CPU in a phase (`sched:sched_switch`): blocked on a
@@ -817,6 +829,29 @@ pub fn expected_samples(p: &PhaseReport, freq_hz: u64) -> Option<u64> {
     let wall: u64 = t.wall_ns.runs.iter().sum();
     let ns = wall.saturating_sub(p.sampled.off_cpu_ns.unwrap_or(0));
     Some((u128::from(ns) * u128::from(freq_hz) / 1_000_000_000) as u64)
+}
+
+/// What a sample cost the phase's wall time: the sampled iterations' time over as many
+/// untraced medians, less their time off the CPU, per sample (None without both passes or
+/// without samples). Under emulation the timer interrupt and its re-arming cost more than
+/// dmaprof's program (`Sampled::sampler_ns`) does.
+pub fn sample_cost_ns(p: &PhaseReport) -> Option<u64> {
+    let t = p.passes.get(&Pass::Sampled)?;
+    if p.wall_pass != Pass::Untraced || p.sampled.samples == 0 {
+        return None;
+    }
+    let sampled: u64 = t.wall_ns.runs.iter().sum();
+    let untraced = p.wall_ns.median * t.wall_ns.runs.len() as u64;
+    let extra = sampled.saturating_sub(untraced + p.sampled.off_cpu_ns.unwrap_or(0));
+    Some(extra / p.sampled.samples)
+}
+
+/// Whether samples cost about a sampling period or more each: the timer then fires at the
+/// first period after the last sample's handling ended, skipping periods, and takes fewer
+/// samples than the phase's time gives, still spread evenly over it.
+pub fn sampler_skips(p: &PhaseReport, freq_hz: u64) -> Option<u64> {
+    let period_ns = 1_000_000_000 / freq_hz.max(1);
+    sample_cost_ns(p).filter(|ns| ns * 2 >= period_ns)
 }
 
 /// The phase's exact time off the CPU, where it is a tenth or more of the exact iteration's

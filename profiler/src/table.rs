@@ -437,7 +437,14 @@ fn samples_footer(report: &Report) -> String {
         .flat_map(|c| c.phases.iter().map(move |p| (c, p)))
         .filter_map(|(c, p)| {
             let e = samples_short(p, freq)?;
-            Some(format!("{} {} {} of ~{e}", c.name, p.name.name(), p.sampled.samples))
+            let cost = crate::report::sample_cost_ns(p);
+            let cost = cost.map_or(String::new(), |ns| format!(", {} us each", ns / 1000));
+            Some(format!(
+                "{} {} {} of ~{e}{cost}",
+                c.name,
+                p.name.name(),
+                p.sampled.samples
+            ))
         })
         .collect();
     if short.is_empty() {
@@ -449,9 +456,12 @@ fn samples_footer(report: &Report) -> String {
     };
     format!(
         "\nsampled: {} phase(s) took under half the samples of their time on the CPU at {freq} Hz ({}{more}): \
-         the sampler did not fire for stretches of them; the shares hold only if those are spread evenly\n",
+         where a sample costs the phase about a period ({} us) or more, the timer skips periods and the \
+         samples stay spread evenly; elsewhere the sampler missed stretches, and the shares hold only if \
+         those are spread evenly\n",
         short.len(),
-        short.iter().take(3).cloned().collect::<Vec<_>>().join(", ")
+        short.iter().take(3).cloned().collect::<Vec<_>>().join(", "),
+        1_000_000 / freq.max(1)
     )
 }
 
