@@ -598,15 +598,11 @@ pub fn checks(report: &Report) -> Vec<String> {
             }
             if let Some(off) = crate::report::off_cpu_heavy(p) {
                 out.push(format!(
-                    "{} {}: the exact iteration spent {:.2} of its {:.2} ms off the CPU ({} sleep(s), {} preemption(s)): \
-                     that time is in the row the thread left from, not work that row did; run it again or \
-                     look for what else the machine was doing",
+                    "{} {}: the exact iteration was off the CPU for {}: that time is in the row the thread \
+                     left from, not work that row did; run it again or look for what else the machine was doing",
                     case.name,
                     p.name.name(),
-                    off.ns as f64 / 1e6,
-                    p.exact.wall_ns as f64 / 1e6,
-                    off.blocked,
-                    off.switches - off.blocked
+                    off.describe(p.exact.wall_ns)
                 ));
             }
             if let Some((cat, gap)) = disagreement(p) {

@@ -448,6 +448,19 @@ pub struct OffCpu {
     pub blocked: u64,
 }
 
+impl OffCpu {
+    /// `X of Y ms, N sleep(s) and M preemption(s)`, out of a phase of `wall_ns`.
+    pub fn describe(&self, wall_ns: u64) -> String {
+        format!(
+            "{:.2} of {:.2} ms, {} sleep(s) and {} preemption(s)",
+            self.ns as f64 / 1e6,
+            wall_ns as f64 / 1e6,
+            self.blocked,
+            self.switches.saturating_sub(self.blocked)
+        )
+    }
+}
+
 /// Counters of a phase: medians over iterations (lost events: the total).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Counters {

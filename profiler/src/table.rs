@@ -450,17 +450,13 @@ fn samples_footer(report: &Report) -> String {
     if short.is_empty() {
         return String::new();
     }
-    let more = match short.len() {
-        n if n > 3 => format!(" and {} more", n - 3),
-        _ => String::new(),
-    };
     format!(
-        "\nsampled: {} phase(s) took under half the samples of their time on the CPU at {freq} Hz ({}{more}): \
+        "\nsampled: {} phase(s) took under half the samples of their time on the CPU at {freq} Hz ({}): \
          where a sample costs the phase about a period ({} us) or more, the timer skips periods and the \
          samples stay spread evenly; elsewhere the sampler missed stretches, and the shares hold only if \
          those are spread evenly\n",
         short.len(),
-        short.iter().take(3).cloned().collect::<Vec<_>>().join(", "),
+        first_three(&short, ", "),
         1_000_000 / freq.max(1)
     )
 }
@@ -474,29 +470,31 @@ fn off_cpu_footer(report: &Report) -> String {
         .filter_map(|(c, p)| {
             let off = off_cpu_heavy(p)?;
             Some(format!(
-                "{} {} {:.1} of {:.1} ms, {} sleep(s) and {} preemption(s)",
+                "{} {} {}",
                 c.name,
                 p.name.name(),
-                off.ns as f64 / 1e6,
-                p.exact.wall_ns as f64 / 1e6,
-                off.blocked,
-                off.switches - off.blocked
+                off.describe(p.exact.wall_ns)
             ))
         })
         .collect();
     if heavy.is_empty() {
         return String::new();
     }
-    let more = match heavy.len() {
+    format!(
+        "\noff the CPU: {} phase(s) spent a tenth or more of their exact iteration off the CPU ({}): \
+         that time is in the row the thread left from, and varies with the machine's other work\n",
+        heavy.len(),
+        first_three(&heavy, "; ")
+    )
+}
+
+/// The first three of `items` joined by `sep`, and how many more there are.
+fn first_three(items: &[String], sep: &str) -> String {
+    let more = match items.len() {
         n if n > 3 => format!(" and {} more", n - 3),
         _ => String::new(),
     };
-    format!(
-        "\noff the CPU: {} phase(s) spent a tenth or more of their exact iteration off the CPU ({}{more}): \
-         that time is in the row the thread left from, and varies with the machine's other work\n",
-        heavy.len(),
-        heavy.iter().take(3).cloned().collect::<Vec<_>>().join("; ")
-    )
+    items.iter().take(3).cloned().collect::<Vec<_>>().join(sep) + &more
 }
 
 /// Probes off by request, and those that did not attach grouped by reason (on a kernel without
