@@ -866,6 +866,7 @@ fn phase_report(phase: Phase, input: &CaseInput, cats: &CategoryCounts, owners: 
                 ns: med(|c| c.off_cpu_ns),
                 switches: med(|c| c.switches),
                 blocked: med(|c| c.blocked),
+                rusage_switches: Stats::of(exact.iter().map(|(_, r)| r.context_switches).collect()).median,
             }),
         },
         wall_ns: wall,
@@ -1000,6 +1001,7 @@ mod tests {
 
     fn run(phase: Phase, wall_ns: u64) -> PhaseRun {
         PhaseRun {
+            context_switches: 0,
             phase,
             wall_ns,
             minor_faults: 0,
@@ -1359,6 +1361,7 @@ mod tests {
             ns: 200_000,
             switches: 3,
             blocked: 2,
+            rusage_switches: 0,
         };
         assert_eq!(p.counters.off_cpu, Some(off));
         assert_eq!(p.sampled.off_cpu_ns, Some(1_000_000));

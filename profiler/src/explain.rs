@@ -1151,6 +1151,7 @@ mod tests {
             ns,
             switches: 9,
             blocked: 8,
+            rusage_switches: 9,
         };
         r.cases[ci].phases[pi].counters.off_cpu = Some(off(wall / 20));
         assert!(!flagged(&r));

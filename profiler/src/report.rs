@@ -446,6 +446,10 @@ pub struct OffCpu {
     pub switches: u64,
     /// Of those, the sleeps (the rest were preemptions).
     pub blocked: u64,
+    /// The kernel's own count of the same iterations' context switches (getrusage), which also
+    /// holds the phase switch's own bpf() calls around the phase.
+    #[serde(default)]
+    pub rusage_switches: u64,
 }
 
 impl OffCpu {

@@ -31,6 +31,9 @@ pub struct PhaseRun {
     pub minor_faults: u64,
     /// Major faults likewise.
     pub major_faults: u64,
+    /// Times the thread left the CPU during the phase, by the kernel's own count (getrusage's
+    /// voluntary plus involuntary context switches).
+    pub context_switches: u64,
     /// How many physically contiguous runs the iteration's buffer made (read before its
     /// munmap; None where its pages were not all present or frame numbers are hidden).
     pub physical_runs: Option<u64>,
@@ -83,12 +86,13 @@ fn last_error(call: &'static str) -> WorkloadError {
     }
 }
 
-fn thread_faults() -> (u64, u64) {
+/// This thread's minor faults, major faults and context switches so far.
+fn thread_usage() -> [u64; 3] {
     // SAFETY: getrusage writes into the zeroed struct we pass; RUSAGE_THREAD is valid on Linux.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: as above.
     unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
-    (ru.ru_minflt as u64, ru.ru_majflt as u64)
+    [ru.ru_minflt, ru.ru_majflt, ru.ru_nvcsw + ru.ru_nivcsw].map(|n| n as u64)
 }
 
 /// The buffer under test; unmapped and closed on drop, whatever phase failed.
@@ -139,7 +143,7 @@ struct Iteration<'a> {
 
 impl Iteration<'_> {
     /// Runs `f` as `phase`: checks for a stop first, tells the observer, takes the time and the
-    /// thread's fault counts around it.
+    /// thread's fault and context-switch counts around it.
     fn timed(
         &mut self,
         phase: Phase,
@@ -148,19 +152,21 @@ impl Iteration<'_> {
         if self.cancel.load(Ordering::Relaxed) {
             return Err(WorkloadError::Interrupted);
         }
-        let (min0, maj0) = thread_faults();
+        let before = thread_usage();
         self.observer.begin(phase);
         let t0 = Instant::now();
         let r = f(&mut self.buf);
         let wall_ns = t0.elapsed().as_nanos() as u64;
         self.observer.end(phase);
-        let (min1, maj1) = thread_faults();
+        let after = thread_usage();
         r?;
+        let [minor_faults, major_faults, context_switches] = [0, 1, 2].map(|i| after[i] - before[i]);
         self.runs.push(PhaseRun {
             phase,
             wall_ns,
-            minor_faults: min1 - min0,
-            major_faults: maj1 - maj0,
+            minor_faults,
+            major_faults,
+            context_switches,
             physical_runs: None,
         });
         Ok(())

@@ -196,6 +196,77 @@ fn populate_is_zeroing_and_faulting_inside_mmap() {
     fs::remove_dir_all(dir).unwrap();
 }
 
+/// The workload pinned to one CPU beside a busy loop: the scheduler takes turns, so a
+/// populating mmap spends much of its wall time off the CPU, preempted rather than asleep.
+/// The switches dmaprof counts from sched_switch are the kernel's own (getrusage), less at
+/// most a few around the phase switch.
+#[test]
+fn time_off_the_cpu_is_measured_and_agrees_with_the_kernels_count() {
+    let _serial = serial();
+    if !can_run("time_off_the_cpu_is_measured_and_agrees_with_the_kernels_count") {
+        return;
+    }
+    let mut hog = Command::new("taskset")
+        .args(["-c", "0", "sh", "-c", "while :; do :; done"])
+        .spawn()
+        .expect("taskset (util-linux) runs a busy loop on CPU 0");
+    let dir = tmpdir("off-cpu");
+    let out = Command::new("taskset")
+        .args(["-c", "0"])
+        .arg(env!("CARGO_BIN_EXE_dmaprof"))
+        .args(["run", "--json", "-o"])
+        .arg(&dir)
+        .args([
+            "-b",
+            "256M",
+            "-v",
+            "none_anonymous.populate",
+            "-n",
+            "1",
+            "--thp",
+            "never",
+        ])
+        .output()
+        .unwrap();
+    let _ = hog.kill();
+    let _ = hog.wait();
+    ok(&out);
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mmap = phase(case(&r, "none_anonymous.populate"), "mmap");
+    let off = &mmap["counters"]["off_cpu"];
+    let ns = num(&off["ns"], "off_cpu.ns");
+    let switches = num(&off["switches"], "off_cpu.switches");
+    let blocked = num(&off["blocked"], "off_cpu.blocked");
+    let rusage = num(&off["rusage_switches"], "off_cpu.rusage_switches");
+    let wall = num(
+        &mmap["passes"]["exact"]["wall_ns"]["median"],
+        "the exact pass's wall time",
+    );
+    assert!(
+        ns * 5 >= wall,
+        "beside a busy loop the mmap should be off the CPU a fifth of its {wall} ns or more: {off}"
+    );
+    assert!(switches >= 2 && blocked < switches, "mostly preempted: {off}");
+    assert!(
+        switches <= rusage && rusage <= switches + 4,
+        "sched_switch's count {switches} against getrusage's {rusage}"
+    );
+    // The sampler runs on the thread's CPU time: its samples are what the sampled pass's wall
+    // time less its time off the CPU gives at 4999 Hz.
+    let sampled_wall = num(
+        &mmap["passes"]["sampled"]["wall_ns"]["median"],
+        "the sampled pass's wall time",
+    );
+    let on_cpu = sampled_wall - num(&mmap["sampled"]["off_cpu_ns"], "sampled.off_cpu_ns");
+    let expected = on_cpu as f64 * 4999.0 / 1e9;
+    let samples = num(&mmap["sampled"]["samples"], "sampled.samples") as f64;
+    assert!(
+        (samples - expected).abs() <= 0.2 * expected,
+        "{samples} samples against {expected:.0} from {on_cpu} ns on the CPU of {sampled_wall}"
+    );
+    fs::remove_dir_all(dir).unwrap();
+}
+
 #[test]
 fn touch_faults_are_counted_and_none_has_none() {
     let _serial = serial();
