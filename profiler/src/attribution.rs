@@ -810,10 +810,6 @@ fn phase_report(phase: Phase, input: &CaseInput, cats: &CategoryCounts, owners: 
         .map(|s| counters_at(input.drained, s))
         .collect();
     let med = |f: fn(&PhaseCounters) -> u64| Stats::of(counters.iter().map(f).collect()).median;
-    let sampled_slots: Vec<PhaseCounters> = runs_of(input.runs, Pass::Sampled, phase)
-        .iter()
-        .map(|(it, _)| counters_at(input.drained, slot(*it, phase)))
-        .collect();
     // A non-populating mmap only reserves addresses: a GiB/s of it would be meaningless.
     let moves_memory = match phase {
         Phase::Close | Phase::MemfdCreate => false,
@@ -851,8 +847,7 @@ fn phase_report(phase: Phase, input: &CaseInput, cats: &CategoryCounts, owners: 
             samples: cats.total(),
             lost: all_traced.iter().map(|c| c.lost_samples).sum(),
             categories: cats.shares(),
-            off_cpu_ns: cov.switches.then(|| sampled_slots.iter().map(|c| c.off_cpu_ns).sum()),
-            sampler_ns: sampled_slots.iter().map(|c| c.sampler_ns).sum(),
+            ..sampled_time(phase, input)
         },
         per_page_ns: BTreeMap::new(),
         counters: Counters {
@@ -862,12 +857,7 @@ fn phase_report(phase: Phase, input: &CaseInput, cats: &CategoryCounts, owners: 
             major_faults: Stats::of(head.iter().map(|(_, p)| p.major_faults).collect()).median,
             syscalls: cov.syscalls.then(|| med(|c| c.syscalls)),
             unbalanced: all_traced.iter().map(|c| c.unbalanced).sum(),
-            off_cpu: (cov.switches && !exact.is_empty()).then(|| OffCpu {
-                ns: med(|c| c.off_cpu_ns),
-                switches: med(|c| c.switches),
-                blocked: med(|c| c.blocked),
-                rusage_switches: Stats::of(exact.iter().map(|(_, r)| r.context_switches).collect()).median,
-            }),
+            off_cpu: (cov.switches && !exact.is_empty()).then(|| off_cpu(&exact, &counters)),
         },
         wall_ns: wall,
         physical_runs,
@@ -877,6 +867,35 @@ fn phase_report(phase: Phase, input: &CaseInput, cats: &CategoryCounts, owners: 
     };
     report.per_page_ns = per_page_ns(&report, input.workload.size.bytes());
     Some(report)
+}
+
+/// The exact iterations' time off the CPU (medians), with the kernel's count of their
+/// context switches.
+fn off_cpu(exact: &[(u32, &PhaseRun)], counters: &[PhaseCounters]) -> OffCpu {
+    let med = |f: fn(&PhaseCounters) -> u64| Stats::of(counters.iter().map(f).collect()).median;
+    OffCpu {
+        ns: med(|c| c.off_cpu_ns),
+        switches: med(|c| c.switches),
+        blocked: med(|c| c.blocked),
+        rusage_switches: Stats::of(exact.iter().map(|(_, r)| r.context_switches).collect()).median,
+    }
+}
+
+/// The sampled iterations' time off the CPU and in the sampler's program (the counts and
+/// shares left at their defaults).
+fn sampled_time(phase: Phase, input: &CaseInput) -> Sampled {
+    let slots: Vec<PhaseCounters> = runs_of(input.runs, Pass::Sampled, phase)
+        .iter()
+        .map(|(it, _)| counters_at(input.drained, slot(*it, phase)))
+        .collect();
+    Sampled {
+        off_cpu_ns: input
+            .coverage
+            .switches
+            .then(|| slots.iter().map(|c| c.off_cpu_ns).sum()),
+        sampler_ns: slots.iter().map(|c| c.sampler_ns).sum(),
+        ..Sampled::default()
+    }
 }
 
 /// Page allocations by order (only the orders that occurred) in the scout iteration, which
