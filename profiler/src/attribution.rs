@@ -135,10 +135,11 @@ impl Coverage {
 /// probes rewrite the breakdown they measure.
 pub const DEMOTE_ABOVE: f64 = 0.03;
 
-/// Samples the sampled pass must be expected to take in a phase for demoting there to help: a
-/// demoted row's time is split by the sampled stacks, and in a phase shorter than this many
-/// sampling periods it would stay in its caller's row, unexplained.
-pub const MIN_SPLIT_SAMPLES: u64 = 20;
+/// Sampling periods a phase must last for demoting there to help: a demoted row's time is
+/// split by the sampled stacks, and in a shorter phase too few come to split it by, so it
+/// stays in its caller's row, unexplained. Under emulation the sampler takes a fraction of its
+/// nominal samples (6-86% in one run): at 20 periods a 4 ms map took none.
+pub const MIN_SPLIT_PERIODS: u64 = 60;
 
 /// The rows one case's exact pass runs without, and what the warm-up iteration counted of
 /// them.
@@ -181,7 +182,7 @@ impl Demotion {
 /// iteration 0, and its phases' wall times): in each syscall phase whose rows' estimated
 /// cost exceeds `limit` (a share, by default [`DEMOTE_ABOVE`]) of the rest of the phase, the
 /// costliest rows until it does not. A phase whose rest is shorter than `min_phase_ns` (see
-/// [`MIN_SPLIT_SAMPLES`]) keeps every row. The rest is the scout's wall time less the
+/// [`MIN_SPLIT_PERIODS`]) keeps every row. The rest is the scout's wall time less the
 /// calibrated cost, or the `untraced` iteration's wall time where that is shorter: under
 /// emulation a hit can cost twice its calibration, and a 2.7 ms map then looked like 5.6 ms.
 pub fn demotions(
