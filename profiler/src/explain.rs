@@ -593,7 +593,7 @@ pub fn checks(report: &Report) -> Vec<String> {
                     p.name.name(),
                     p.sampled.samples,
                     report.config.freq_hz,
-                    sampler_skips(p, report.config.freq_hz)
+                    why_samples_short(p, report.config.freq_hz)
                 ));
             }
             if let Some(off) = crate::report::off_cpu_heavy(p) {
@@ -691,8 +691,8 @@ fn demand_against_populate(report: &Report, case: &CaseReport) -> Option<String>
 /// Why a phase took fewer samples than its time gives: each sample cost about a sampling
 /// period (the timer then skips periods, and the samples stay evenly spread), or the
 /// sampler missed stretches.
-fn sampler_skips(p: &PhaseReport, freq_hz: u64) -> String {
-    let period_us = 1_000_000 / freq_hz.max(1);
+fn why_samples_short(p: &PhaseReport, freq_hz: u64) -> String {
+    let period_us = crate::report::sampling_period_ns(freq_hz) / 1000;
     match crate::report::sampler_skips(p, freq_hz) {
         Some(ns) => format!(
             ": each sample cost the phase about {} us (the sampled pass's time over the untraced \

@@ -901,10 +901,10 @@ impl Probes {
         let mut changed = false;
         let mut taken = Vec::new();
         for hook in &mut self.hooks {
-            let demoted = hook
+            let kept_off = hook
                 .row
                 .is_some_and(|r| self.demoted.contains(&r) || self.unreached.contains(&r));
-            let wanted = groups.contains(&hook.group) && !demoted;
+            let wanted = groups.contains(&hook.group) && !kept_off;
             match hook.link.take() {
                 Some(l) if !wanted => match unlink(&mut self.ebpf, &hook.target, l) {
                     Ok(t) => taken.push(t),

@@ -867,8 +867,12 @@ pub fn sample_cost_ns(p: &PhaseReport) -> Option<u64> {
 /// first period after the last sample's handling ended, skipping periods, and takes fewer
 /// samples than the phase's time gives, still spread evenly over it.
 pub fn sampler_skips(p: &PhaseReport, freq_hz: u64) -> Option<u64> {
-    let period_ns = 1_000_000_000 / freq_hz.max(1);
-    sample_cost_ns(p).filter(|ns| ns * 2 >= period_ns)
+    sample_cost_ns(p).filter(|ns| ns * 2 >= sampling_period_ns(freq_hz))
+}
+
+/// The sampler's period at `freq_hz`.
+pub fn sampling_period_ns(freq_hz: u64) -> u64 {
+    1_000_000_000 / freq_hz.max(1)
 }
 
 /// The phase's exact time off the CPU, where it is a tenth or more of the exact iteration's

@@ -548,7 +548,7 @@ impl Session {
                 return Ok(Err(e));
             }
         };
-        let min_phase_ns = attribution::MIN_SPLIT_PERIODS * 1_000_000_000 / self.opts.freq_hz.max(1);
+        let min_phase_ns = attribution::MIN_SPLIT_PERIODS * report::sampling_period_ns(self.opts.freq_hz);
         let limits = (self.opts.demote_above, min_phase_ns);
         let demotion = attribution::demotions(&drained, &walls, &untraced, &p.attached_rows(), cost, limits);
         for line in demotion.describe() {

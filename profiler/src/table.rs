@@ -457,7 +457,7 @@ fn samples_footer(report: &Report) -> String {
          those are spread evenly\n",
         short.len(),
         first_three(&short, ", "),
-        1_000_000 / freq.max(1)
+        crate::report::sampling_period_ns(freq) / 1000
     )
 }
 
