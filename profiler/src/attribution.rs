@@ -216,11 +216,7 @@ pub fn demotions(
             .collect();
         costs.sort_by_key(|(_, _, c)| std::cmp::Reverse(*c));
         let total: u64 = costs.iter().map(|(_, _, c)| c).sum();
-        let plain = untraced
-            .iter()
-            .find(|u| u.phase == run.phase)
-            .map_or(u64::MAX, |u| u.wall_ns);
-        let base = run.wall_ns.saturating_sub(total).min(plain).max(1) as f64;
+        let base = phase_rest(run, total, untraced) as f64;
         if base < min_phase_ns as f64 {
             continue;
         }
@@ -257,6 +253,25 @@ pub fn demotions(
         }
     }
     out
+}
+
+/// What a scouted phase would take without its probes: the scout's wall time less their
+/// calibrated cost `probes_ns`, or the untraced iteration's wall time where that is shorter.
+/// Where the calibration says the probes cost the whole scout or more (under emulation it can
+/// overstate a hit: 506 ms calibrated in a 353 ms compat type1 map), the scout's wall time
+/// bounds the rest instead: read as zero, the phase looked too short to demote in and kept
+/// 196608 probed calls, which cost its exact pass 2.6x its untraced time.
+fn phase_rest(scout: &PhaseRun, probes_ns: u64, untraced: &[PhaseRun]) -> u64 {
+    let scouted = scout
+        .wall_ns
+        .checked_sub(probes_ns)
+        .filter(|rest| *rest > 0)
+        .unwrap_or(scout.wall_ns);
+    let plain = untraced
+        .iter()
+        .find(|u| u.phase == scout.phase)
+        .map_or(u64::MAX, |u| u.wall_ns);
+    scouted.min(plain).max(1)
 }
 
 impl Demotion {
@@ -1542,6 +1557,18 @@ mod tests {
         };
         assert!(short(3_000_000).demoted.is_empty());
         assert_eq!(short(5_000_000).rows(), [row("iommu_map")]);
+        // A calibration that says the hits cost the whole scout or more: the phase is not
+        // short for it, and its costliest rows go (without an untraced iteration too).
+        assert_eq!(demote(&scout, 4_000_000, 3_000_000).rows(), [row("iommu_map")]);
+        let overstated = demotions(
+            &scout,
+            &[run(Phase::Map, 4_000_000)],
+            &[run(Phase::Map, 3_500_000)],
+            &attached,
+            &cost,
+            (DEMOTE_ABOVE, 3_000_000),
+        );
+        assert_eq!(overstated.rows(), [row("iommu_map")]);
         // A phase that carries its probes keeps them all.
         assert!(demote(&scout, 1_000_000_000, 0).demoted.is_empty());
         demoted_time_is_split_by_samples(&d, &attached, "iommu_map");
