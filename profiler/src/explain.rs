@@ -561,9 +561,9 @@ fn unmap_iova_walk(_: &Report, case: &CaseReport) -> Option<Fired> {
 }
 
 /// Where the report's numbers cannot be fully trusted: unattributed time above 2% of a phase
-/// of 1 ms or more, lost events, a sampled pass that took under half its samples, exact and
-/// sampled apart by more than 10 points where both have enough data, probe rows that did not
-/// attach.
+/// of 1 ms or more, lost events, a sampled pass that took under half its samples, an exact
+/// iteration slower than its probe hits explain, exact and sampled apart by more than 10
+/// points where both have enough data, probe rows that did not attach.
 pub fn checks(report: &Report) -> Vec<String> {
     let mut out = Vec::new();
     for case in &report.cases {
@@ -603,6 +603,18 @@ pub fn checks(report: &Report) -> Vec<String> {
                     case.name,
                     p.name.name(),
                     off.describe(p.exact.wall_ns)
+                ));
+            }
+            if let Some(excess) = crate::report::unexplained_cost(p) {
+                out.push(format!(
+                    "{} {}: the exact iteration ran {} over the untraced one at its layout, {} more than its {} \
+                     probe hits cost by the calibration: that time is in the rows it landed in, so read its \
+                     shares beside the sampled ones, or run more exact iterations (--traced-iterations)",
+                    case.name,
+                    p.name.name(),
+                    ms(e.probe_overhead_measured_ns.unwrap_or(0)),
+                    ms(excess),
+                    e.probe_hits
                 ));
             }
             if let Some((cat, gap)) = disagreement(p) {
@@ -1280,6 +1292,47 @@ mod tests {
             "{}",
             f.evidence
         );
+    }
+
+    #[test]
+    fn an_exact_iteration_slower_than_its_probes_explain_is_told() {
+        const NAME: &str = "iommufd_compat_type1_anonymous_hugetlb_2mb.none";
+        fn map(r: &mut Report) -> &mut crate::report::Exact {
+            let p = r
+                .cases
+                .iter_mut()
+                .find(|c| c.name == NAME)
+                .and_then(|c| c.phases.iter_mut().find(|p| p.name == Phase::Map))
+                .expect("the saved run has the compat type1 map");
+            &mut p.exact
+        }
+        let told = |r: &Report| {
+            checks(r)
+                .into_iter()
+                .filter(|c| c.starts_with(&format!("{NAME} map: the exact iteration ran")))
+                .collect::<Vec<_>>()
+        };
+        let mut r = matrix();
+        // The boot that read 401 ms against 289 ms untraced, with 415 hits worth 0.9 ms.
+        let e = map(&mut r);
+        e.wall_ns = 400_937_266;
+        e.probe_overhead_ns = Some(31_080_000);
+        e.probe_overhead_measured_ns = Some(112_130_000);
+        e.probe_overhead_calibrated_ns = Some(910_000);
+        e.probe_hits = 415;
+        let said = told(&r);
+        assert_eq!(said.len(), 1, "{said:?}");
+        assert!(
+            said[0].contains("ran 112.1 ms over") && said[0].contains("111.2 ms more than its 415"),
+            "{}",
+            said[0]
+        );
+        // Within a tenth of the phase it is noise the breakdown can carry.
+        map(&mut r).probe_overhead_measured_ns = Some(30_000_000);
+        assert!(told(&r).is_empty());
+        // Without an untraced pass nothing was measured against.
+        map(&mut r).probe_overhead_measured_ns = None;
+        assert!(told(&r).is_empty());
     }
 
     #[test]

@@ -884,6 +884,20 @@ pub fn off_cpu_heavy(p: &PhaseReport) -> Option<OffCpu> {
     (p.exact.available && off.ns >= 100_000 && off.ns * 10 >= p.exact.wall_ns).then_some(off)
 }
 
+/// Time the exact iteration took over the untraced one at its layout that its probe hits do
+/// not explain by the calibration, where that is a tenth or more of the phase (less probe
+/// cost) and at least 1 ms. Under emulation one iteration can run a third slower than the
+/// next with the same hits (a 289 ms compat type1 map read 401 ms with 415 hits calibrated
+/// at 0.9 ms); the exact breakdown holds that time in whichever rows it landed in, so its
+/// shares can read apart from the sampled pass's.
+pub fn unexplained_cost(p: &PhaseReport) -> Option<u64> {
+    let e = &p.exact;
+    let excess = e
+        .probe_overhead_measured_ns?
+        .saturating_sub(e.probe_overhead_calibrated_ns?);
+    (e.available && excess >= 1_000_000 && excess * 10 >= e.wall_less_cost()).then_some(excess)
+}
+
 /// Whether the sampler missed much of a phase: fewer than half the samples its wall time
 /// should have given, where that is at least 50 (fewer are too few to tell loss from chance).
 pub fn samples_short(p: &PhaseReport, freq_hz: u64) -> Option<u64> {
