@@ -884,18 +884,17 @@ pub fn off_cpu_heavy(p: &PhaseReport) -> Option<OffCpu> {
     (p.exact.available && off.ns >= 100_000 && off.ns * 10 >= p.exact.wall_ns).then_some(off)
 }
 
-/// Time the exact iteration took over the untraced one at its layout that its probe hits do
-/// not explain by the calibration, where that is a tenth or more of the phase (less probe
-/// cost) and at least 1 ms. Under emulation one iteration can run a third slower than the
-/// next with the same hits (a 289 ms compat type1 map read 401 ms with 415 hits calibrated
-/// at 0.9 ms); the exact breakdown holds that time in whichever rows it landed in, so its
-/// shares can read apart from the sampled pass's.
+/// Time the exact iteration took over the untraced one at its layout beyond the probe cost
+/// taken out of its rows, where that is a tenth or more of the phase (less probe cost) and at
+/// least 1 ms: it stays in whichever rows it landed in. The cost taken out follows the hits
+/// (scaled to the measured time, but never more than a row's own time), so what is left is
+/// noise no hit explains: under emulation one iteration can run a third slower than the next
+/// with the same hits (a 289 ms compat type1 map read 401 ms with 415 hits calibrated at
+/// 0.9 ms; 31 ms was taken out, 81 ms stayed), or a buffer's pages can come in more pieces.
 pub fn unexplained_cost(p: &PhaseReport) -> Option<u64> {
     let e = &p.exact;
-    let excess = e
-        .probe_overhead_measured_ns?
-        .saturating_sub(e.probe_overhead_calibrated_ns?);
-    (e.available && excess >= 1_000_000 && excess * 10 >= e.wall_less_cost()).then_some(excess)
+    let left = e.probe_overhead_measured_ns?.saturating_sub(e.probe_overhead_ns?);
+    (e.available && left >= 1_000_000 && left * 10 >= e.wall_less_cost()).then_some(left)
 }
 
 /// Whether the sampler missed much of a phase: fewer than half the samples its wall time
