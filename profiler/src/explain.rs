@@ -562,8 +562,9 @@ fn unmap_iova_walk(_: &Report, case: &CaseReport) -> Option<Fired> {
 
 /// Where the report's numbers cannot be fully trusted: unattributed time above 2% of a phase
 /// of 1 ms or more, lost events, a sampled pass that took under half its samples, an exact
-/// iteration slower than its probe hits explain, exact and sampled apart by more than 10
-/// points where both have enough data, probe rows that did not attach.
+/// iteration slower than the untraced one by more than the probe cost taken out of it, exact
+/// and sampled apart by more than 10 points where both have enough data, probe rows that did
+/// not attach.
 pub fn checks(report: &Report) -> Vec<String> {
     let mut out = Vec::new();
     for case in &report.cases {
