@@ -236,8 +236,8 @@ fn trials(tests: &'static [VmTest], bed: &Arc<Bed>) -> Vec<Trial> {
 /// Boots a test needs to fail in a row before it is failed. Under TCG on a shared host a guest
 /// process can run 1.2-1.6x slower than the one before it, and whole-boot timings move more;
 /// with two boots, checks that hold two processes' timings against each other still failed
-/// a whole run now and then (in one session's runs a rerun diff failed 2 of 4 boots, the
-/// compat type1 exact/sampled check 2 of 8), while a wrong result fails every boot.
+/// whole runs (in one session the compat type1 exact/sampled check failed 2 of 8 boots, the
+/// measurement test's diffs of separate runs 5 of 6), while a wrong result fails every boot.
 const BOOTS: usize = 3;
 
 /// Runs `run` until it passes or has failed [`BOOTS`] times; every failed boot's reason is
