@@ -382,6 +382,8 @@ pub struct CaseInput<'a> {
     pub cost: Option<&'a ProbeCost>,
     /// The rows the exact pass ran without.
     pub demotion: &'a Demotion,
+    /// The machine's pace beside the untraced iterations, ns (`floors::Pace`).
+    pub pace: &'a [u64],
 }
 
 /// A case's report and the flamegraph inputs that go with it.
@@ -1021,6 +1023,7 @@ pub fn case_report(input: &CaseInput) -> CaseOutput {
             phases,
             demoted: input.demotion.demoted.iter().map(|(_, d)| d.clone()).collect(),
             scout_physical_runs: input.demotion.physical_runs,
+            pace_ns: (!input.pace.is_empty()).then(|| Stats::of(input.pace.to_vec())),
         },
     }
 }
@@ -1205,6 +1208,7 @@ mod tests {
                 coverage: &self.coverage,
                 cost: None,
                 demotion: &self.demotion,
+                pace: &[],
             }
         }
     }
@@ -1641,6 +1645,7 @@ mod tests {
             coverage: &coverage,
             cost: None,
             demotion: d,
+            pace: &[],
         });
         let e = &out.report.phases.iter().find(|p| p.name == Phase::Map).unwrap().exact;
         assert_eq!(e.categories[&Category::IommuMap], 6_000_000);

@@ -13,7 +13,7 @@ use crate::{
     flamegraph::{self, Folded},
     html,
     output::OutputError,
-    report::{self, PhaseReport, ReadError, Report},
+    report::{self, CaseReport, PhaseReport, ReadError, Report},
     size::HumanSize,
     sys,
     table::ms,
@@ -41,6 +41,11 @@ pub struct PhaseDiff {
     /// Whether the change is outside both runs' spread (see [`significance`]).
     #[serde(default)]
     pub significant: bool,
+    /// The machine's pace in the second run over the first's, for this case (a user-space
+    /// clear timed beside the untraced iterations; over 1: the machine ran slower). A change
+    /// is significant only where it holds at equal pace too ([`paced_significance`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pace_ratio: Option<f64>,
     /// Why it is not, when it is not: a [`Noise`] in words (the diff's JSON is read by people,
     /// and keeps the words it always had).
     #[serde(default)]
@@ -68,9 +73,15 @@ pub struct RunDiff {
     pub warnings: Vec<String>,
 }
 
-pub use crate::significance::{MIN_CHANGE_NS, Noise, significance};
+pub use crate::significance::{MIN_CHANGE_NS, Noise, SAME_PACE, paced_significance, significance};
 
-fn phase_diff(case: &str, pa: &PhaseReport, pb: &PhaseReport) -> PhaseDiff {
+/// The machine's pace in `b`'s run over `a`'s, by their untraced iterations' paces.
+fn pace_ratio(a: &CaseReport, b: &CaseReport) -> Option<f64> {
+    let (pa, pb) = (a.pace_ns.as_ref()?.median, b.pace_ns.as_ref()?.median);
+    (pa > 0 && pb > 0).then(|| pb as f64 / pa as f64)
+}
+
+fn phase_diff(case: &str, pa: &PhaseReport, pb: &PhaseReport, pace: Option<f64>) -> PhaseDiff {
     let (b, a) = (pa.wall_ns.median, pb.wall_ns.median);
     let delta = a as i64 - b as i64;
     let keys: BTreeSet<&Category> = pa.exact.categories.keys().chain(pb.exact.categories.keys()).collect();
@@ -90,7 +101,9 @@ fn phase_diff(case: &str, pa: &PhaseReport, pb: &PhaseReport) -> PhaseDiff {
             (*c, (y - x) * 100.0)
         })
         .collect();
-    let noise = significance(&pa.wall_ns, &pb.wall_ns).err().map(|n| n.to_string());
+    let noise = paced_significance(&pa.wall_ns, &pb.wall_ns, pace)
+        .err()
+        .map(|n| n.to_string());
     PhaseDiff {
         case: case.to_owned(),
         phase: pa.name,
@@ -100,6 +113,7 @@ fn phase_diff(case: &str, pa: &PhaseReport, pb: &PhaseReport) -> PhaseDiff {
         delta_pct: if b == 0 { 0.0 } else { delta as f64 / b as f64 * 100.0 },
         ratio: (b > 0).then(|| a as f64 / b as f64),
         significant: noise.is_none(),
+        pace_ratio: pace,
         noise,
         exact,
         sampled_pp,
@@ -122,15 +136,17 @@ pub fn diff(before: &Report, after: &Report) -> RunDiff {
         let Some(cb) = after.cases.iter().find(|c| c.name == ca.name) else {
             continue;
         };
+        let pace = pace_ratio(ca, cb);
         for pa in &ca.phases {
             if let Some(pb) = cb.phases.iter().find(|p| p.name == pa.name) {
-                phases.push(phase_diff(&ca.name, pa, pb));
+                phases.push(phase_diff(&ca.name, pa, pb, pace));
             }
         }
     }
     let names = |r: &Report| r.cases.iter().map(|c| c.name.clone()).collect::<Vec<_>>();
     let (nb, na) = (names(before), names(after));
     let mut warnings = setup_differences(before, after);
+    warnings.extend(pace_difference(&phases));
     for ca in &before.cases {
         if let Some(cb) = after.cases.iter().find(|c| c.name == ca.name) {
             warnings.extend(layout_difference(ca, cb));
@@ -177,6 +193,27 @@ fn layout_difference(a: &crate::report::CaseReport, b: &crate::report::CaseRepor
         a.name,
         common.unwrap_or_else(|| "; their layouts do not overlap, so no comparison at equal layout".into())
     ))
+}
+
+/// Where the machine itself ran at another pace in the two runs: the cases and how far.
+fn pace_difference(phases: &[PhaseDiff]) -> Option<String> {
+    let mut paces: Vec<(&str, f64)> = phases
+        .iter()
+        .filter_map(|p| Some((p.case.as_str(), p.pace_ratio?)))
+        .filter(|(_, r)| (r - 1.0).abs() >= SAME_PACE)
+        .collect();
+    paces.dedup_by(|a, b| a.0 == b.0);
+    let cases = phases.iter().map(|p| p.case.as_str()).collect::<BTreeSet<_>>().len();
+    let (lo, hi) = paces
+        .iter()
+        .fold((f64::MAX, 0.0_f64), |(lo, hi), (_, r)| (lo.min(*r), hi.max(*r)));
+    (!paces.is_empty()).then(|| {
+        format!(
+            "the machine ran at another pace in {} of {cases} case(s) (a user-space clear timed beside the untraced \
+             iterations: x{lo:.2}-x{hi:.2}, after/before): a change is marked only where it also holds at equal pace",
+            paces.len()
+        )
+    })
 }
 
 /// How two runs' set-ups differ.
@@ -574,6 +611,7 @@ mod tests {
             delta_pct: (ratio - 1.0) * 100.0,
             ratio: Some(ratio),
             significant,
+            pace_ratio: None,
             noise: None,
             exact: BTreeMap::new(),
             sampled_pp: BTreeMap::new(),
@@ -637,6 +675,40 @@ mod tests {
         );
         // report.json and the diff's JSON keep the words they had.
         assert_eq!(Noise::TooSmall.to_string(), "change under 20 us");
+    }
+
+    #[test]
+    fn a_change_of_the_machines_pace_is_not_a_change() {
+        let st = |v: &[u64]| Stats::of(v.to_vec());
+        // Two processes of one build in one guest boot, one after the other: the map 1.54x
+        // apart with tight ranges, and the user-space clear timed beside them 1.33x.
+        let (before, after) = (
+            st(&[34_451_401, 30_485_565, 30_913_417, 31_999_213, 32_414_031]),
+            st(&[47_759_395, 49_298_862, 48_387_673, 51_797_918, 54_887_811]),
+        );
+        let pace = 3_807_910.0 / 2_860_263.0;
+        assert_eq!(significance(&before, &after), Ok(()), "apart without the pace");
+        assert_eq!(paced_significance(&before, &after, Some(pace)), Err(Noise::MachinePace));
+        // A kernel that got 1.5x slower at the same pace is still slower.
+        assert_eq!(paced_significance(&before, &after, Some(1.01)), Ok(()));
+        assert_eq!(paced_significance(&before, &after, None), Ok(()));
+        // The machine got faster while the map got slower: the change only grows.
+        assert_eq!(paced_significance(&before, &after, Some(0.8)), Ok(()));
+    }
+
+    #[test]
+    fn a_pace_difference_is_told_once_per_case() {
+        let mut d = RunDiff::default();
+        for (case, pace) in [("a", Some(1.3)), ("a", Some(1.3)), ("b", Some(1.01)), ("c", None)] {
+            let mut p = phase(Phase::Map, false, 1.0);
+            p.case = case.into();
+            p.pace_ratio = pace;
+            d.phases.push(p);
+        }
+        let w = pace_difference(&d.phases).expect("case a's pace is told");
+        assert!(w.contains("in 1 of 3 case(s)") && w.contains("x1.30-x1.30"), "{w}");
+        d.phases.retain(|p| p.case != "a");
+        assert_eq!(pace_difference(&d.phases), None);
     }
 
     #[test]

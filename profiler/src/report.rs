@@ -288,6 +288,10 @@ pub struct CaseReport {
     /// keep (a 4 KiB buffer's pin and map calls follow its runs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scout_physical_runs: Option<u64>,
+    /// The machine's pace beside the untraced iterations: a fixed user-space clear timed
+    /// right before each (`floors::Pace`), which `diff` holds two runs' speeds against.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pace_ns: Option<Stats>,
 }
 
 /// Median/min/max over iterations, plus every run.

@@ -9,6 +9,7 @@ use crate::{
     device::{Device, DeviceError},
     dma::DmaContext,
     doctor::{self, Doctor},
+    floors::{self, Pace},
     held::Held,
     hugepages::Reservation,
     kernel,
@@ -173,7 +174,7 @@ impl Session {
         };
         // With every probe detached again (attach leaves them so until a pass asks): the
         // floors are what the machine does untraced, and start-up is not made to wait for them.
-        report.floors = Some(crate::floors::measure());
+        report.floors = Some(floors::measure());
         let coverage = match &probes {
             Some(p) => Coverage::of(&p.status, &self.opts.passes),
             None => Coverage::none(),
@@ -306,6 +307,7 @@ impl Session {
         }
         let CaseRuns {
             runs,
+            pace,
             failure,
             demotion,
         } = match result {
@@ -351,6 +353,7 @@ impl Session {
                 coverage: tracing.coverage,
                 cost: report.probe_cost.as_ref(),
                 demotion: &demotion,
+                pace: &pace,
             });
             output::write_case(&self.out.path, &out)?;
             report.cases.push(out.report);
@@ -435,6 +438,7 @@ impl Session {
             Err(e) => {
                 return Ok(CaseRuns {
                     runs: PassRuns::new(),
+                    pace: Vec::new(),
                     failure: Some(e),
                     demotion: Demotion::default(),
                 });
@@ -442,7 +446,7 @@ impl Session {
         };
         // A scout leaves the exact pass's probes attached (see `warm_up`).
         let current = if scouting { Pass::Exact } else { Pass::Untraced };
-        let (runs, failure) =
+        let (runs, pace, failure) =
             self.run_steps(&workload, &steps, current, probes.as_deref_mut(), dma.as_mut(), control)?;
         if let Some(p) = probes.filter(|_| failure.is_none()) {
             self.timed(Spend::Switching, || p.set_groups(&[]))
@@ -451,6 +455,7 @@ impl Session {
         self.timed(Spend::Opening, || drop((dma, reservation)));
         Ok(CaseRuns {
             runs,
+            pace,
             failure,
             demotion,
         })
@@ -466,21 +471,25 @@ impl Session {
         mut probes: Option<&mut Probes>,
         mut dma: Option<&mut DmaContext>,
         control: &Control,
-    ) -> Result<(PassRuns, Option<WorkloadError>), CaseError> {
+    ) -> Result<(PassRuns, Vec<u64>, Option<WorkloadError>), CaseError> {
         let case = &workload.case;
         let mut runs = PassRuns::new();
+        let (mut pace, mut paces) = (Pace::new(), Vec::new());
         for &(pass, index) in steps {
             if let Some(p) = probes.as_deref_mut().filter(|_| pass != current) {
                 control.enter(Stage::Switching(case.name(), pass));
                 current = pass;
                 if let Err(e) = self.switch(p, pass.groups(), workload, dma.as_deref_mut(), control)? {
-                    return Ok((runs, Some(e)));
+                    return Ok((runs, paces, Some(e)));
                 }
             }
             // The untraced pass switches no phase slot: not even a map update may touch it.
             let slot_iteration = self.slot_iteration(pass, index);
             let traced = probes.as_deref_mut().filter(|_| slot_iteration.is_some());
             let mut obs = SlotObserver::new(traced, slot_iteration.unwrap_or(0), control, case);
+            if pass == Pass::Untraced {
+                paces.push(pace.take());
+            }
             let r = self.timed(Spend::Iteration(pass), || {
                 workload::run_iteration(workload, dma.as_deref_mut(), &mut obs, control.cancel_flag())
             });
@@ -489,10 +498,10 @@ impl Session {
             }
             match r {
                 Ok(r) => runs.entry(pass).or_default().push((slot_iteration.unwrap_or(index), r)),
-                Err(e) => return Ok((runs, Some(e))),
+                Err(e) => return Ok((runs, paces, Some(e))),
             }
         }
-        Ok((runs, None))
+        Ok((runs, paces, None))
     }
 
     /// Runs two discarded iterations: a warm-up and, before an exact pass with a calibrated
@@ -724,6 +733,8 @@ fn traced(passes: &[Pass]) -> bool {
 /// The iterations of one case that ran, by pass, and what stopped the rest.
 struct CaseRuns {
     runs: PassRuns,
+    /// The machine's pace before each untraced iteration ([`Pace`]).
+    pace: Vec<u64>,
     failure: Option<WorkloadError>,
     /// The rows its exact pass ran without.
     demotion: Demotion,

@@ -27,6 +27,32 @@ pub enum Noise {
     /// The medians differ by less than one run's own range.
     #[error("the change is within one run's own spread")]
     WithinSpread,
+    /// The change is gone once the second run's times are scaled by how much slower or faster
+    /// the machine itself ran (see [`paced_significance`]).
+    #[error("the change is the machine's: gone at equal pace (a user-space clear timed beside both runs)")]
+    MachinePace,
+}
+
+/// Paces closer than this (as a ratio's distance from 1) are the same pace: scaling by them
+/// would only add the pace's own noise.
+pub const SAME_PACE: f64 = 0.03;
+
+/// [`significance`], and the same again with the second run's times divided by `pace` (its
+/// machine pace over the first run's, `floors::Pace`): a change is one only where it holds at
+/// equal pace too. A guest on a busy host ran one build's map 1.5x slower in one process than
+/// in the next, and its user-space clear 1.4x slower with it; a kernel change leaves that
+/// clear alone. Where the paces agree (within [`SAME_PACE`]) this is [`significance`].
+pub fn paced_significance(
+    before: &crate::report::Stats,
+    after: &crate::report::Stats,
+    pace: Option<f64>,
+) -> Result<(), Noise> {
+    significance(before, after)?;
+    let Some(pace) = pace.filter(|p| p.is_finite() && *p > 0.0 && (p - 1.0).abs() >= SAME_PACE) else {
+        return Ok(());
+    };
+    let scaled = crate::report::Stats::of(after.runs.iter().map(|r| (*r as f64 / pace) as u64).collect());
+    significance(before, &scaled).map_err(|_| Noise::MachinePace)
 }
 
 /// Whether a phase changed: every iteration of one run is slower than every iteration of the

@@ -1591,9 +1591,28 @@ fn diff_checks(dir: &Path, problems: &mut Vec<String>) -> Result<String, String>
     if !same.is_empty() {
         problems.push(format!("a run diffed against itself changed: {same:?}"));
     }
-    let rerun = significant(&read_json(dir, "rerun.json")?);
+    let rerun_diff = read_json(dir, "rerun.json")?;
+    let rerun = significant(&rerun_diff);
+    let rerun_note = rerun_diff["phases"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["phase"] == "map" || p["phase"] == "unmap")
+        .map(|p| {
+            format!(
+                "{} x{:.2} at pace x{:.2} ({})",
+                p["phase"],
+                ns(&p["ratio"]),
+                ns(&p["pace_ratio"]),
+                p["noise"]
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
     if !rerun.is_empty() {
-        problems.push(format!("a rerun of the same case changed significantly: {rerun:?}"));
+        problems.push(format!(
+            "a rerun of the same case changed significantly: {rerun:?} ({rerun_note})"
+        ));
     }
     let size = read_json(dir, "size.json")?;
     let map = size["phases"]
@@ -1612,7 +1631,7 @@ fn diff_checks(dir: &Path, problems: &mut Vec<String>) -> Result<String, String>
     if !size["warnings"].to_string().contains("sizes differ") {
         problems.push(format!("the size diff does not warn: {}", size["warnings"]));
     }
-    Ok(format!("64M -> 256M map x{ratio:.2}"))
+    Ok(format!("rerun: {rerun_note}; 64M -> 256M map x{ratio:.2}"))
 }
 
 fn thp_checks(dir: &Path, problems: &mut Vec<String>) -> Result<String, String> {
