@@ -563,8 +563,8 @@ fn unmap_iova_walk(_: &Report, case: &CaseReport) -> Option<Fired> {
 /// Where the report's numbers cannot be fully trusted: unattributed time above 2% of a phase
 /// of 1 ms or more, lost events, a sampled pass that took under half its samples, an exact
 /// iteration slower than the untraced one by more than the probe cost taken out of it, exact
-/// and sampled apart by more than 10 points where both have enough data, probe rows that did
-/// not attach.
+/// and sampled apart by more than 10 points where both have enough data, a machine whose pace
+/// moved 30% or more over a case, probe rows that did not attach.
 pub fn checks(report: &Report) -> Vec<String> {
     let mut out = Vec::new();
     for case in &report.cases {
@@ -631,6 +631,7 @@ pub fn checks(report: &Report) -> Vec<String> {
         }
     }
     out.extend(report.cases.iter().filter_map(|c| demand_against_populate(report, c)));
+    out.extend(report.cases.iter().filter_map(unsteady_pace));
     out.extend(unprobed_categories(report));
     let missing = report.probes.iter().filter(|p| !p.attached).count();
     if missing > 0 {
@@ -672,6 +673,28 @@ fn unprobed_categories(report: &Report) -> Vec<String> {
         }
     }
     out
+}
+
+/// A machine whose pace (`floors::Pace`) moved by this factor or more over one case's untraced
+/// iterations was not steady. Under TCG on a shared host one process's paces read 1.09x to
+/// 1.6x apart (24 runs of 5 iterations).
+const UNSTEADY_PACE: f64 = 1.3;
+
+/// A case whose untraced iterations ran on a machine of changing speed: part of their spread
+/// is the machine's.
+fn unsteady_pace(case: &CaseReport) -> Option<String> {
+    let pace = case.pace_ns.as_ref()?;
+    let moved = pace.max as f64 / pace.min.max(1) as f64;
+    (pace.runs.len() >= 2 && moved >= UNSTEADY_PACE).then(|| {
+        format!(
+            "{}: the machine's pace moved {moved:.2}x over the untraced iterations (a fixed user-space clear \
+             took {} to {}): part of the times' spread is the machine's, not the kernel's; `diff` scales by \
+             the pace, and an idle machine (no other guests, a fixed CPU clock) narrows the spread",
+            case.name,
+            ms(pace.min),
+            ms(pace.max)
+        )
+    })
 }
 
 /// Demand faulting may differ from populating by this fraction before the two are flagged.
@@ -1067,6 +1090,27 @@ mod tests {
         assert!(f.what.contains("1.9x as long as iommufd_compat_type1v2"), "{}", f.what);
         assert!(f.evidence.contains("37.8 ms"), "{}", f.evidence);
         assert_eq!(f.ns, 37_760_378 - 19_895_293);
+    }
+
+    #[test]
+    fn an_unsteady_machine_is_told() {
+        let mut r = matrix();
+        let said = |r: &Report| {
+            checks(r)
+                .into_iter()
+                .filter(|c| c.contains("pace moved"))
+                .collect::<Vec<_>>()
+        };
+        assert!(said(&r).is_empty(), "a run without paces says nothing of them");
+        let st = |v: &[u64]| crate::report::Stats::of(v.to_vec());
+        r.cases[0].pace_ns = Some(st(&[2_625_654, 2_488_145, 2_590_000, 2_710_000, 2_860_263]));
+        assert!(said(&r).is_empty(), "1.15x is steady enough: {:#?}", said(&r));
+        r.cases[0].pace_ns = Some(st(&[3_807_910, 3_724_123, 3_693_877, 3_889_593, 5_491_227]));
+        let s = said(&r);
+        assert!(
+            s.len() == 1 && s[0].starts_with(&r.cases[0].name) && s[0].contains("1.49x"),
+            "{s:#?}"
+        );
     }
 
     #[test]

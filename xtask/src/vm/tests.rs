@@ -1587,6 +1587,13 @@ fn significant(d: &Value) -> Vec<String> {
 }
 
 fn diff_checks(dir: &Path, problems: &mut Vec<String>) -> Result<String, String> {
+    // Every untraced iteration has the machine's pace beside it, for diff to scale by.
+    let a = read_json(dir, "a.json")?;
+    let pace = &case(&a, "vfio_type1_iommu_anonymous.none")?["pace_ns"];
+    let paces = pace["runs"].as_array().map_or(0, Vec::len);
+    if paces != 5 || ns(&pace["min"]) <= 0.0 {
+        problems.push(format!("run a: {paces} paces for 5 untraced iterations: {pace}"));
+    }
     let same = significant(&read_json(dir, "self.json")?);
     if !same.is_empty() {
         problems.push(format!("a run diffed against itself changed: {same:?}"));
