@@ -675,17 +675,11 @@ fn unprobed_categories(report: &Report) -> Vec<String> {
     out
 }
 
-/// A machine whose pace (`floors::Pace`) moved by this factor or more over one case's untraced
-/// iterations was not steady. Under TCG on a shared host one process's paces read 1.09x to
-/// 1.6x apart (24 runs of 5 iterations).
-const UNSTEADY_PACE: f64 = 1.3;
-
 /// A case whose untraced iterations ran on a machine of changing speed: part of their spread
 /// is the machine's.
 fn unsteady_pace(case: &CaseReport) -> Option<String> {
     let pace = case.pace_ns.as_ref()?;
-    let moved = pace.max as f64 / pace.min.max(1) as f64;
-    (pace.runs.len() >= 2 && moved >= UNSTEADY_PACE).then(|| {
+    crate::report::unsteady_pace(pace).map(|moved| {
         format!(
             "{}: the machine's pace moved {moved:.2}x over the untraced iterations (a fixed user-space clear \
              took {} to {}): part of the times' spread is the machine's, not the kernel's; `diff` scales by \

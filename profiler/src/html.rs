@@ -380,6 +380,14 @@ fn header(report: &Report) -> String {
             f.empty_ioctl_ns.map_or("- (no VFIO)".into(), |n| format!("{n} ns"))
         );
     }
+    if let Some(line) = crate::table::pace_line(report) {
+        let _ = writeln!(
+            out,
+            "<p title=\"{}\">{}</p>",
+            esc(&crate::floors::Pace::how()),
+            esc(&line)
+        );
+    }
     if report.partial {
         out += "<p class=\"warn\">Interrupted: this report covers only the cases that finished.</p>\n";
     }

@@ -879,6 +879,18 @@ pub fn sampling_period_ns(freq_hz: u64) -> u64 {
     1_000_000_000 / freq_hz.max(1)
 }
 
+/// A machine whose pace (`floors::Pace`) moved by this factor or more over one set of untraced
+/// iterations was not steady. Under TCG on a shared host one process's paces read 1.09x to
+/// 1.6x apart (24 runs of 5 iterations).
+pub const UNSTEADY_PACE: f64 = 1.3;
+
+/// How far the machine's pace moved over `pace` (max over min), when that is
+/// [`UNSTEADY_PACE`] or more.
+pub fn unsteady_pace(pace: &Stats) -> Option<f64> {
+    let moved = pace.max as f64 / pace.min.max(1) as f64;
+    (pace.runs.len() >= 2 && moved >= UNSTEADY_PACE).then_some(moved)
+}
+
 /// The phase's exact time off the CPU, where it is a tenth or more of the exact iteration's
 /// wall time and at least 0.1 ms: the exact breakdown holds it in whichever row the thread
 /// left the CPU from (a lock it waited for, a work item it flushed), and it varies from run

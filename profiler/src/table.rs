@@ -120,6 +120,9 @@ fn header(report: &Report) -> String {
             f.empty_ioctl_ns.map_or("- (no VFIO)".into(), |n| format!("{n} ns"))
         );
     }
+    if let Some(line) = pace_line(report) {
+        let _ = writeln!(out, "{line}");
+    }
     let unavailable = report
         .cases
         .iter()
@@ -528,4 +531,55 @@ fn probes_footer(report: &Report) -> String {
         }
     }
     out
+}
+
+/// The machine's pace over every untraced iteration of the run (`floors::Pace`): whether the
+/// machine itself held one speed, which the spreads of the times depend on.
+pub fn pace_line(report: &Report) -> Option<String> {
+    let runs: Vec<u64> = report
+        .cases
+        .iter()
+        .filter_map(|c| c.pace_ns.as_ref())
+        .flat_map(|p| p.runs.iter().copied())
+        .collect();
+    if runs.is_empty() {
+        return None;
+    }
+    let s = crate::report::Stats::of(runs);
+    Some(format!(
+        "machine pace: a fixed user-space clear took {} ms median ({}-{} ms) before the {} untraced iterations: {}",
+        ms(s.median),
+        ms(s.min),
+        ms(s.max),
+        s.runs.len(),
+        match crate::report::unsteady_pace(&s) {
+            Some(moved) => format!("the machine's speed moved {moved:.2}x, part of every spread is the machine's"),
+            None => "steady".to_owned(),
+        }
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::Stats;
+
+    #[test]
+    fn the_machines_pace_is_told_steady_or_not() {
+        let mut r = crate::report::parse(include_str!("../tests/data/matrix-7.3.json")).unwrap();
+        assert!(
+            !render_table(&r).contains("machine pace"),
+            "a run without paces says nothing"
+        );
+        r.cases[0].pace_ns = Some(Stats::of(vec![2_625_654, 2_488_145, 2_590_000]));
+        r.cases[1].pace_ns = Some(Stats::of(vec![2_710_000, 2_860_263]));
+        let t = render_table(&r);
+        assert!(
+            t.contains("took 2.63 ms median (2.49-2.86 ms) before the 5 untraced iterations: steady"),
+            "{t}"
+        );
+        r.cases[1].pace_ns = Some(Stats::of(vec![2_710_000, 3_807_910]));
+        let t = render_table(&r);
+        assert!(t.contains("the machine's speed moved 1.53x"), "{t}");
+    }
 }
