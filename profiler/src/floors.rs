@@ -87,21 +87,17 @@ pub struct Pace {
 }
 
 impl Pace {
-    /// A pace with its buffer faulted in, so that no timing holds a fault.
+    /// A pace with its buffer written once (faulted in), so that no timing holds a fault.
     pub fn new() -> Self {
-        let mut buf = vec![1u8; CLEAR_BYTES];
-        buf.fill(0);
-        Self { buf }
+        Self {
+            buf: vec![1u8; CLEAR_BYTES],
+        }
     }
 
     /// One timing of the clear, ns.
     pub fn take(&mut self) -> u64 {
         let start = Instant::now();
-        for pass in 0..PACE_PASSES {
-            self.buf.fill(0);
-            black_box(&mut self.buf);
-            self.buf[pass as usize] = 1;
-        }
+        clear(&mut self.buf, PACE_PASSES);
         start.elapsed().as_nanos() as u64
     }
 
@@ -130,14 +126,19 @@ fn best(f: fn() -> f64) -> f64 {
 fn clear_gib_per_s() -> f64 {
     let mut buf = vec![1u8; CLEAR_BYTES];
     let start = Instant::now();
-    for pass in 0..CLEAR_PASSES {
-        buf.fill(0);
-        // Keep every pass: the compiler may not fold repeated clears of a buffer nobody reads.
-        black_box(&mut buf);
-        buf[pass as usize] = 1;
-    }
+    clear(&mut buf, CLEAR_PASSES);
     let secs = start.elapsed().as_secs_f64().max(1e-9);
     (CLEAR_BYTES as f64 * f64::from(CLEAR_PASSES)) / (1u64 << 30) as f64 / secs
+}
+
+/// Clears `buf` `passes` times.
+fn clear(buf: &mut [u8], passes: u32) {
+    for pass in 0..passes {
+        buf.fill(0);
+        // Keep every pass: the compiler may not fold repeated clears of a buffer nobody reads.
+        black_box(&mut *buf);
+        buf[pass as usize] = 1;
+    }
 }
 
 /// Times the touch phase of dmaprof's own workload on a small 4 KiB buffer.
