@@ -961,6 +961,15 @@ mod tests {
         crate::report::parse(MATRIX).expect("the saved report parses")
     }
 
+    /// The first phase of `r` that `pred` holds for: (case index, phase index).
+    fn phase_where(r: &Report, pred: impl Fn(&PhaseReport) -> bool) -> Option<(usize, usize)> {
+        r.cases
+            .iter()
+            .enumerate()
+            .flat_map(|(ci, c)| c.phases.iter().enumerate().map(move |(pi, p)| (ci, pi, p)))
+            .find_map(|(ci, pi, p)| pred(p).then_some((ci, pi)))
+    }
+
     fn fired(e: &Explanation, rule: &str, case: &str) -> bool {
         e.findings.iter().any(|f| f.rule == rule && f.case == case)
     }
@@ -1151,15 +1160,10 @@ mod tests {
     #[test]
     fn exact_and_sampled_on_buffers_laid_out_apart_are_told_so() {
         let mut r = matrix();
-        let (ci, pi) = r
-            .cases
-            .iter()
-            .enumerate()
-            .flat_map(|(ci, c)| c.phases.iter().enumerate().map(move |(pi, p)| (ci, pi, p)))
-            .find_map(|(ci, pi, p)| {
-                (p.name == Phase::Map && p.exact.available && p.wall_ns.median >= 1_000_000).then_some((ci, pi))
-            })
-            .expect("the saved run has an exact map phase of 1 ms or more");
+        let (ci, pi) = phase_where(&r, |p| {
+            p.name == Phase::Map && p.exact.available && p.wall_ns.median >= 1_000_000
+        })
+        .expect("the saved run has an exact map phase of 1 ms or more");
         let name = format!("{} map:", r.cases[ci].name);
         let said = |r: &Report| {
             checks(r)
@@ -1250,12 +1254,7 @@ mod tests {
     #[test]
     fn an_exact_iteration_mostly_off_the_cpu_is_flagged() {
         let mut r = matrix();
-        let (ci, pi) = r
-            .cases
-            .iter()
-            .enumerate()
-            .flat_map(|(ci, c)| c.phases.iter().enumerate().map(move |(pi, p)| (ci, pi, p)))
-            .find_map(|(ci, pi, p)| (p.exact.available && p.exact.wall_ns > 1_000_000).then_some((ci, pi)))
+        let (ci, pi) = phase_where(&r, |p| p.exact.available && p.exact.wall_ns > 1_000_000)
             .expect("the saved run has an exact phase over 1 ms");
         let name = format!("{} {}:", r.cases[ci].name, r.cases[ci].phases[pi].name.name());
         let flagged = |r: &Report| {
