@@ -299,21 +299,31 @@ impl Demotion {
 /// per phase, for the owners with a demoted row's frame under them or that lost probed callees
 /// to demotion ([`Demotion::lost_callees`]); `None` owns the kernel
 /// stacks no attached row is on. They split the exclusive time the demoted rows' time is in.
+/// In a phase without a syscall (touch) `None` always owns its stacks, user samples too: they
+/// split its wall time outside the rows (the faults' entry and exit, and the loop's own user
+/// time, which stays unattributed).
 type Owners = BTreeMap<Phase, BTreeMap<Option<usize>, CategoryCounts>>;
 
 fn owners(input: &CaseInput, stacks: &[Stack]) -> Owners {
     let mut out = Owners::new();
     let demoted = input.demotion;
-    if demoted.demoted.is_empty() {
-        return out;
-    }
     let mut seen: BTreeMap<Phase, std::collections::BTreeSet<Option<usize>>> = BTreeMap::new();
     let row_of = |frame: &str| {
         let f = base_function(frame);
         PROBE_TABLE.iter().position(|r| r.function == f)
     };
-    for s in stacks.iter().filter(|s| !s.names.is_empty()) {
+    for s in stacks {
         let (phase, names) = (s.phase, &s.names);
+        if names.is_empty() {
+            if !phase.is_syscall() {
+                out.entry(phase)
+                    .or_default()
+                    .entry(None)
+                    .or_default()
+                    .add(Category::User, s.count);
+            }
+            continue;
+        }
         let owner_at = names
             .iter()
             .position(|n| row_of(n).is_some_and(|r| !demoted.has(r) && input.rows.iter().any(|(a, _)| *a == r)));
@@ -340,7 +350,8 @@ fn owners(input: &CaseInput, stacks: &[Stack]) -> Owners {
     }
     for (phase, owners) in &mut out {
         owners.retain(|o, _| {
-            seen.get(phase).is_some_and(|s| s.contains(o))
+            (o.is_none() && !phase.is_syscall())
+                || seen.get(phase).is_some_and(|s| s.contains(o))
                 || o.is_some_and(|r| demoted.lost_callees(input.drained, *phase, r))
         });
     }
@@ -479,7 +490,11 @@ fn exact_breakdown(
     rows.sort_by_key(|r| std::cmp::Reverse(r.inclusive_ns));
     let reference = untraced.map(|u| u.at(run.physical_runs));
     let measured = reference.map(|u| run.wall_ns.saturating_sub(u));
-    let unprobed = c.syscall_ns.saturating_sub(rows.iter().map(|r| r.exclusive_ns).sum());
+    // Outside a syscall (touch) the wall time outside the rows is the faults' entry and exit
+    // and the loop's user time: the probed calls' callers, whose share of the probe cost it
+    // holds.
+    let outer = if phase.is_syscall() { c.syscall_ns } else { run.wall_ns };
+    let unprobed = outer.saturating_sub(rows.iter().map(|r| r.exclusive_ns).sum());
     let hits = Hits {
         rows: &rows,
         events: event_hits(&c),
@@ -547,17 +562,23 @@ fn categorise(
         }
     }
     // Syscall time that no probed row covered is the syscall's own work: `other` (or, where
-    // demoted rows' time is in it, what the stacks no attached row is on say).
+    // demoted rows' time is in it, what the stacks no attached row is on say). Outside a
+    // syscall the samples split it, their user-space part left unattributed; without samples
+    // all of it is.
     match owned(None) {
         Some(counts) => {
-            split_ns += unprobed_net;
-            for (c, ns) in split(unprobed_net, counts) {
+            for (c, ns) in split(unprobed_net, counts)
+                .into_iter()
+                .filter(|(c, _)| *c != Category::User)
+            {
+                split_ns += ns;
                 *categories
                     .entry(crate::category::in_phase(c, phase.is_dma()))
                     .or_default() += ns;
             }
         }
-        None => *categories.entry(Category::Other).or_default() += unprobed_net,
+        None if phase.is_syscall() => *categories.entry(Category::Other).or_default() += unprobed_net,
+        None => {}
     }
     (categories, split_ns)
 }
@@ -1582,6 +1603,84 @@ mod tests {
         scout.rows[0].2.child_calls = 10_000;
         let d = demote(&scout, 10_000_000, 0);
         demoted_time_is_split_by_samples(&d, &attached, "intel_iommu_map_pages");
+    }
+
+    /// A touch phase has no syscall: its wall time outside `handle_mm_fault` (the faults' entry
+    /// and exit, the loop's user time) is split by the samples no row owns, the user-space
+    /// part left unattributed; without samples all of it stays unattributed.
+    #[test]
+    fn touch_time_outside_the_fault_rows_is_split_by_samples() {
+        let touch = slot(0, Phase::Touch);
+        let w = Workload {
+            case: Case {
+                mode: None,
+                backing: Backing::Memfd,
+                prefault: Prefault::Touch,
+            },
+            size: "1M".parse().unwrap(),
+            thp: crate::matrix::Thp::System,
+        };
+        let mut runs = PassRuns::new();
+        runs.insert(Pass::Exact, vec![(0, vec![run(Phase::Touch, 10_000_000)])]);
+        runs.insert(Pass::Sampled, vec![(1, vec![run(Phase::Touch, 10_000_000)])]);
+        let sampled = slot(1, Phase::Touch);
+        let sample = |kernel: Vec<u64>, count| RawSample {
+            slot: sampled,
+            kernel,
+            count,
+        };
+        let mut drained = Drained {
+            counters: Vec::new(),
+            rows: vec![one_row(touch, "handle_mm_fault", 256, 6_000_000)],
+            samples: vec![
+                sample(vec![0x1010, 0x2010], 6),
+                sample(vec![0x2020], 3),
+                sample(Vec::new(), 1),
+            ],
+        };
+        let symbols = KernelSymbols::from_pairs(vec![
+            (0x1000, "handle_mm_fault".into()),
+            (0x2000, "exc_page_fault".into()),
+        ]);
+        let coverage = Coverage {
+            exact: Ok(()),
+            syscalls: true,
+            cpu_faults: true,
+            page_allocs: false,
+            samples: true,
+            switches: false,
+        };
+        let rows = [(row("handle_mm_fault"), AttachedBy::Fentry)];
+        let exact = |drained: &Drained| {
+            let out = case_report(&CaseInput {
+                label: "none_memfd.touch",
+                workload: &w,
+                runs: &runs,
+                drained,
+                symbols: Some(&symbols),
+                rows: &rows,
+                coverage: &coverage,
+                cost: None,
+                demotion: &Demotion::default(),
+                pace: &[],
+            });
+            out.report
+                .phases
+                .iter()
+                .find(|p| p.name == Phase::Touch)
+                .unwrap()
+                .exact
+                .clone()
+        };
+        let e = exact(&drained);
+        assert_eq!(e.categories[&Category::Faulting], 9_000_000, "{e:?}");
+        assert_eq!(e.categories[&Category::Other], 0);
+        assert_eq!(e.split_ns, 3_000_000);
+        assert_eq!(e.unattributed_ns, 1_000_000, "the user-space part");
+        drained.samples.clear();
+        let e = exact(&drained);
+        assert_eq!(e.categories[&Category::Faulting], 6_000_000);
+        assert_eq!((e.unattributed_ns, e.split_ns), (4_000_000, 0));
     }
 
     /// The exact pass without iommu_map (demoted in `d`): its time is in vfio_pin_map_dma,
