@@ -314,6 +314,10 @@ fn owners(input: &CaseInput, stacks: &[Stack]) -> Owners {
     };
     for s in stacks {
         let (phase, names) = (s.phase, &s.names);
+        // Without a demoted row a syscall phase keeps no owner (see the retain below).
+        if phase.is_syscall() && demoted.demoted.is_empty() {
+            continue;
+        }
         if names.is_empty() {
             if !phase.is_syscall() {
                 out.entry(phase)
@@ -1605,6 +1609,18 @@ mod tests {
         demoted_time_is_split_by_samples(&d, &attached, "intel_iommu_map_pages");
     }
 
+    /// What the synthetic cases measured: exact rows, syscall times and samples.
+    fn exact_and_samples() -> Coverage {
+        Coverage {
+            exact: Ok(()),
+            syscalls: true,
+            cpu_faults: false,
+            page_allocs: false,
+            samples: true,
+            switches: false,
+        }
+    }
+
     /// A touch phase has no syscall: its wall time outside `handle_mm_fault` (the faults' entry
     /// and exit, the loop's user time) is split by the samples no row owns, the user-space
     /// part left unattributed; without samples all of it stays unattributed.
@@ -1642,14 +1658,7 @@ mod tests {
             (0x1000, "handle_mm_fault".into()),
             (0x2000, "exc_page_fault".into()),
         ]);
-        let coverage = Coverage {
-            exact: Ok(()),
-            syscalls: true,
-            cpu_faults: true,
-            page_allocs: false,
-            samples: true,
-            switches: false,
-        };
+        let coverage = exact_and_samples();
         let rows = [(row("handle_mm_fault"), AttachedBy::Fentry)];
         let exact = |drained: &Drained| {
             let out = case_report(&CaseInput {
@@ -1726,14 +1735,7 @@ mod tests {
             (0x1000, "vfio_pin_map_dma [vfio_iommu_type1]".into()),
             (0x2000, leaf.into()),
         ]);
-        let coverage = Coverage {
-            exact: Ok(()),
-            syscalls: true,
-            cpu_faults: false,
-            page_allocs: false,
-            samples: true,
-            switches: false,
-        };
+        let coverage = exact_and_samples();
         let out = case_report(&CaseInput {
             label: "vfio_type1_iommu_anonymous.none",
             workload: &w,
