@@ -948,10 +948,24 @@ fn layouts_apart(p: &Value) -> Option<(u64, u64)> {
 /// The share of a map or unmap phase the exact breakdown may leave as `other` or unattributed.
 const MAX_UNEXPLAINED: f64 = 0.10;
 
-/// Phases shorter than this are not held to [`MAX_UNEXPLAINED`]: a 2 ms iommufd map with a
-/// dozen kprobe hits, each tens of microseconds under TCG, carries more probe cost than the
-/// even per-call split of it can place (25% `other` measured).
-const MIN_EXPLAINED_NS: f64 = 5e6;
+/// Phases shorter than this (less probe cost) are held to [`MAX_UNEXPLAINED_SHORT`] instead:
+/// a single exact iteration of a 5 ms populated map carries emulation noise of the phase's own
+/// size (its untraced iterations spread up to 2.8x in one process under TCG), and
+/// iommufd's own code (`iopt_map_user_pages`, `iopt_area_fill_domains`: batch allocation,
+/// domain and interval-tree walks) is a real 5-8% `other` there by samples too: over eight
+/// runs of this test's cases these maps read 4.9-11.8% (19.9% once), the phases of 10 ms or
+/// more 0.6-5.6%.
+const MIN_EXPLAINED_NS: f64 = 10e6;
+
+/// The share [`MAX_UNEXPLAINED`] becomes for map and unmap phases from
+/// [`MIN_SHORT_EXPLAINED_NS`] to [`MIN_EXPLAINED_NS`]: above what their noise reaches, far
+/// below a phase whose work went unprobed (an unmap read 96% `other` before its rows).
+const MAX_UNEXPLAINED_SHORT: f64 = 0.25;
+
+/// Phases shorter than this are not held to any bound: a 2 ms iommufd map with a dozen kprobe
+/// hits, each tens of microseconds under TCG, carries more probe cost than the even per-call
+/// split of it can place (25% `other` measured).
+const MIN_SHORT_EXPLAINED_NS: f64 = 3e6;
 
 /// The exact breakdown, cross-checked by samples, on type1 4 KiB-page anonymous memory.
 fn attribution(c: &Ctx) -> Outcome {
@@ -1031,15 +1045,17 @@ fn attribution(c: &Ctx) -> Outcome {
     }
     // Categories + unattributed = wall, for every traced phase; unattributed small on map.
     let mut worst_unattr: f64 = 0.0;
-    let mut worst_other = (0.0, String::new());
+    // Worst other + unattributed over long and over short map and unmap phases.
+    let mut worst_other = [(0.0, String::new()), (0.0, String::new())];
     for c in r["cases"].as_array().cloned().unwrap_or_default() {
         for p in c["phases"].as_array().cloned().unwrap_or_default() {
             let e = &p["exact"];
             let wall = ns(&e["wall_ns"]) - ns(&e["probe_overhead_ns"]);
-            if (p["name"] == "map" || p["name"] == "unmap") && wall >= MIN_EXPLAINED_NS {
+            if (p["name"] == "map" || p["name"] == "unmap") && wall >= MIN_SHORT_EXPLAINED_NS {
                 let unexplained = (share(&p, &["other"]) * wall + ns(&e["unattributed_ns"]).abs()) / wall;
-                if unexplained > worst_other.0 {
-                    worst_other = (unexplained, format!("{} {}", c["name"], p["name"]));
+                let tier = &mut worst_other[usize::from(wall < MIN_EXPLAINED_NS)];
+                if unexplained > tier.0 {
+                    *tier = (unexplained, format!("{} {}", c["name"], p["name"]));
                 }
             }
             let e = &p["exact"];
@@ -1061,20 +1077,34 @@ fn attribution(c: &Ctx) -> Outcome {
             }
         }
     }
+    let [long, short] = &worst_other;
     notes.push(format!(
-        "worst unattributed {:.2}% of a map phase >= 20 ms, worst other+unattributed {:.1}% ({}) of map/unmap >= 5 ms",
+        "worst unattributed {:.2}% of a map phase >= 20 ms, worst other+unattributed {:.1}% ({}) of map/unmap >= {} ms, \
+         {:.1}% ({}) of those from {} ms",
         worst_unattr * 100.0,
-        worst_other.0 * 100.0,
-        worst_other.1
+        long.0 * 100.0,
+        long.1,
+        MIN_EXPLAINED_NS / 1e6,
+        short.0 * 100.0,
+        short.1,
+        MIN_SHORT_EXPLAINED_NS / 1e6
     ));
-    if worst_other.0 > MAX_UNEXPLAINED {
-        problems.push(format!(
-            "other + unattributed is {:.1}% of {} (map and unmap phases >= {} ms must stay under {:.0}%)",
-            worst_other.0 * 100.0,
-            worst_other.1,
-            MIN_EXPLAINED_NS / 1e6,
-            MAX_UNEXPLAINED * 100.0
-        ));
+    for ((worst, at), (bound, from, to)) in worst_other.iter().zip([
+        (MAX_UNEXPLAINED, MIN_EXPLAINED_NS, f64::INFINITY),
+        (MAX_UNEXPLAINED_SHORT, MIN_SHORT_EXPLAINED_NS, MIN_EXPLAINED_NS),
+    ]) {
+        if *worst > bound {
+            let range = if to.is_finite() {
+                format!("{} to {} ms", from / 1e6, to / 1e6)
+            } else {
+                format!(">= {} ms", from / 1e6)
+            };
+            problems.push(format!(
+                "other + unattributed is {:.1}% of {at} (map and unmap phases {range} must stay under {:.0}%)",
+                worst * 100.0,
+                bound * 100.0
+            ));
+        }
     }
     if worst_unattr > 0.05 {
         problems.push(format!(
