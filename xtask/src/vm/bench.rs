@@ -52,6 +52,9 @@ pub struct BenchArgs {
     /// Skip the guest part (only the host comparison).
     #[arg(long)]
     no_vm: bool,
+    /// Skip the host part (only the guest runs), e.g. for many rounds of `all_passes`.
+    #[arg(long)]
+    no_host: bool,
     /// Where the markdown goes (relative to the workspace).
     #[arg(long, default_value = "docs/bench.md")]
     out: PathBuf,
@@ -299,7 +302,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     } else {
         md += &guest(args)?;
     }
-    md += &host(args)?;
+    if args.no_host {
+        md += "Host part skipped (--no-host).\n";
+    } else {
+        md += &host(args)?;
+    }
     let path = workspace_root().join(&args.out);
     if let Some(dir) = path.parent() {
         fs::create_dir_all(dir)?;
@@ -489,6 +496,7 @@ fn guest(args: &BenchArgs) -> Result<String> {
         ),
         gib(2),
         &discover,
+        BOOT_TIMEOUT,
     )?;
     let report: Value = serde_json::from_str(&fs::read_to_string(discover.join("report.json"))?)
         .context("discovery run: report.json")?;
@@ -582,7 +590,8 @@ one() {{ # name round dmaprof-options: a run that hangs is killed and run once m
         configs.len()
     );
     let dir = scratch.join("guest");
-    let console = boot(&custom, &init, &dmaprof, host_files, script, gib(4), &dir)?;
+    let limit = bench_timeout(args.rounds, configs.len());
+    let console = boot(&custom, &init, &dmaprof, host_files, script, gib(4), &dir, limit)?;
 
     let mut results: Results = BTreeMap::new();
     for c in &configs {
@@ -738,7 +747,21 @@ one() {{ # name round dmaprof-options: a run that hangs is killed and run once m
     Ok(md)
 }
 
+/// The longest a bench boot may take before it counts as hung, at the least.
+const BOOT_TIMEOUT: Duration = Duration::from_secs(2400);
+
+/// What one configuration's run in one round may take under TCG (about twice a 64 MiB
+/// `all_passes` run's).
+const RUN_ALLOWANCE: Duration = Duration::from_secs(30);
+
+/// The time limit of the bench boot: [`BOOT_TIMEOUT`], or more where `rounds` x `configs`
+/// runs need it.
+fn bench_timeout(rounds: u32, configs: usize) -> Duration {
+    BOOT_TIMEOUT.max(RUN_ALLOWANCE * rounds * configs as u32)
+}
+
 /// Boots `kernel` with `script` and returns the console; the guest's /out lands in `dir`.
+#[allow(clippy::too_many_arguments)]
 fn boot(
     kernel: &kernel::Kernel,
     init: &Path,
@@ -747,6 +770,7 @@ fn boot(
     script: String,
     mem: ByteSize,
     dir: &Path,
+    timeout: Duration,
 ) -> Result<Vec<String>> {
     let plan = Plan {
         kernel,
@@ -758,7 +782,7 @@ fn boot(
         hugepages_1g: 0,
         hugepages_2m: 0,
         append: "",
-        timeout: Duration::from_secs(2400),
+        timeout,
         // The console (progress lines R/T/E/F) goes to stderr: a long boot shows where it is.
         echo: true,
         host_files,
@@ -988,6 +1012,12 @@ mod tests {
         let out = run_bt("dies", "echo 'ERROR: cannot attach'; exit 1");
         assert!(out.contains("F bt_x 0 ERROR: cannot attach"), "{out}");
         assert!(!out.contains("ONE") && !out.contains("no READY"), "{out}");
+    }
+
+    #[test]
+    fn the_bench_boot_may_take_as_long_as_its_rounds_need() {
+        assert_eq!(bench_timeout(5, 8), BOOT_TIMEOUT);
+        assert_eq!(bench_timeout(160, 2), Duration::from_secs(9600));
     }
 
     #[test]
