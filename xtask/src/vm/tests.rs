@@ -945,27 +945,44 @@ fn layouts_apart(p: &Value) -> Option<(u64, u64)> {
     (exact.max(sampled) >= 2 * exact.min(sampled).max(1)).then_some((exact, sampled))
 }
 
-/// The share of a map or unmap phase the exact breakdown may leave as `other` or unattributed.
-const MAX_UNEXPLAINED: f64 = 0.10;
+/// A bound on the share of a map or unmap phase the exact breakdown may leave as `other` or
+/// unattributed, for phases (less probe cost) from `from_ns` up to the next longer tier's.
+struct Tier {
+    from_ns: f64,
+    max: f64,
+}
 
-/// Phases shorter than this (less probe cost) are held to [`MAX_UNEXPLAINED_SHORT`] instead:
-/// a single exact iteration of a 5 ms populated map carries emulation noise of the phase's own
-/// size (its untraced iterations spread up to 2.8x in one process under TCG), and
-/// iommufd's own code (`iopt_map_user_pages`, `iopt_area_fill_domains`: batch allocation,
-/// domain and interval-tree walks) is a real 5-8% `other` there by samples too: over eight
-/// runs of this test's cases these maps read 4.9-11.8% (19.9% once), the phases of 10 ms or
-/// more 0.6-5.6%.
-const MIN_EXPLAINED_NS: f64 = 10e6;
-
-/// The share [`MAX_UNEXPLAINED`] becomes for map and unmap phases from
-/// [`MIN_SHORT_EXPLAINED_NS`] to [`MIN_EXPLAINED_NS`]: above what their noise reaches, far
-/// below a phase whose work went unprobed (an unmap read 96% `other` before its rows).
-const MAX_UNEXPLAINED_SHORT: f64 = 0.25;
-
-/// Phases shorter than this are not held to any bound: a 2 ms iommufd map with a dozen kprobe
+/// The bounds, longest phases first. Phases of 10 ms or more: 10%. From 3 ms, 25%: a single
+/// exact iteration of a 5 ms populated map carries emulation noise of the phase's own size
+/// (its untraced iterations spread up to 2.8x in one process under TCG), and iommufd's own
+/// code (`iopt_map_user_pages`, `iopt_area_fill_domains`: batch allocation, domain and
+/// interval-tree walks) is a real 5-8% `other` there by samples too: over eight runs of this
+/// test's cases these maps read 4.9-11.8% (19.9% once), the phases of 10 ms or more 0.6-5.6%;
+/// 25% is far below a phase whose work went unprobed (an unmap read 96% `other` before its
+/// rows). Shorter phases are not held to any bound: a 2 ms iommufd map with a dozen kprobe
 /// hits, each tens of microseconds under TCG, carries more probe cost than the even per-call
 /// split of it can place (25% `other` measured).
-const MIN_SHORT_EXPLAINED_NS: f64 = 3e6;
+const UNEXPLAINED_TIERS: [Tier; 2] = [
+    Tier {
+        from_ns: 10e6,
+        max: 0.10,
+    },
+    Tier {
+        from_ns: 3e6,
+        max: 0.25,
+    },
+];
+
+impl Tier {
+    /// "10 ms or more", "3 to 10 ms": the phases tier `i` of [`UNEXPLAINED_TIERS`] holds.
+    fn range(i: usize) -> String {
+        let from = UNEXPLAINED_TIERS[i].from_ns / 1e6;
+        match i.checked_sub(1) {
+            Some(j) => format!("{from} to {} ms", UNEXPLAINED_TIERS[j].from_ns / 1e6),
+            None => format!("{from} ms or more"),
+        }
+    }
+}
 
 /// The exact breakdown, cross-checked by samples, on type1 4 KiB-page anonymous memory.
 fn attribution(c: &Ctx) -> Outcome {
@@ -1045,17 +1062,18 @@ fn attribution(c: &Ctx) -> Outcome {
     }
     // Categories + unattributed = wall, for every traced phase; unattributed small on map.
     let mut worst_unattr: f64 = 0.0;
-    // Worst other + unattributed over long and over short map and unmap phases.
-    let mut worst_other = [(0.0, String::new()), (0.0, String::new())];
+    // Worst other + unattributed per tier of map and unmap phases.
+    let mut worst_other = UNEXPLAINED_TIERS.map(|_| (0.0, String::new()));
     for c in r["cases"].as_array().cloned().unwrap_or_default() {
         for p in c["phases"].as_array().cloned().unwrap_or_default() {
             let e = &p["exact"];
             let wall = ns(&e["wall_ns"]) - ns(&e["probe_overhead_ns"]);
-            if (p["name"] == "map" || p["name"] == "unmap") && wall >= MIN_SHORT_EXPLAINED_NS {
+            let tier = UNEXPLAINED_TIERS.iter().position(|t| wall >= t.from_ns);
+            if let Some(tier) = tier.filter(|_| p["name"] == "map" || p["name"] == "unmap") {
                 let unexplained = (share(&p, &["other"]) * wall + ns(&e["unattributed_ns"]).abs()) / wall;
-                let tier = &mut worst_other[usize::from(wall < MIN_EXPLAINED_NS)];
-                if unexplained > tier.0 {
-                    *tier = (unexplained, format!("{} {}", c["name"], p["name"]));
+                let worst = &mut worst_other[tier];
+                if unexplained > worst.0 {
+                    *worst = (unexplained, format!("{} {}", c["name"], p["name"]));
                 }
             }
             let e = &p["exact"];
@@ -1077,32 +1095,23 @@ fn attribution(c: &Ctx) -> Outcome {
             }
         }
     }
-    let [long, short] = &worst_other;
+    let tiers: Vec<String> = worst_other
+        .iter()
+        .enumerate()
+        .map(|(i, (worst, at))| format!("{:.1}% ({at}) of map/unmap {}", worst * 100.0, Tier::range(i)))
+        .collect();
     notes.push(format!(
-        "worst unattributed {:.2}% of a map phase >= 20 ms, worst other+unattributed {:.1}% ({}) of map/unmap >= {} ms, \
-         {:.1}% ({}) of those from {} ms",
+        "worst unattributed {:.2}% of a map phase >= 20 ms, worst other+unattributed {}",
         worst_unattr * 100.0,
-        long.0 * 100.0,
-        long.1,
-        MIN_EXPLAINED_NS / 1e6,
-        short.0 * 100.0,
-        short.1,
-        MIN_SHORT_EXPLAINED_NS / 1e6
+        tiers.join(", ")
     ));
-    for ((worst, at), (bound, from, to)) in worst_other.iter().zip([
-        (MAX_UNEXPLAINED, MIN_EXPLAINED_NS, f64::INFINITY),
-        (MAX_UNEXPLAINED_SHORT, MIN_SHORT_EXPLAINED_NS, MIN_EXPLAINED_NS),
-    ]) {
-        if *worst > bound {
-            let range = if to.is_finite() {
-                format!("{} to {} ms", from / 1e6, to / 1e6)
-            } else {
-                format!(">= {} ms", from / 1e6)
-            };
+    for (i, ((worst, at), tier)) in worst_other.iter().zip(&UNEXPLAINED_TIERS).enumerate() {
+        if *worst > tier.max {
             problems.push(format!(
-                "other + unattributed is {:.1}% of {at} (map and unmap phases {range} must stay under {:.0}%)",
+                "other + unattributed is {:.1}% of {at} (map and unmap phases of {} must stay under {:.0}%)",
                 worst * 100.0,
-                bound * 100.0
+                Tier::range(i),
+                tier.max * 100.0
             ));
         }
     }
