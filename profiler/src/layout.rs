@@ -29,6 +29,25 @@ pub fn physical_runs(addr: usize, len: usize) -> Option<u64> {
     runs(entries)
 }
 
+/// The physical runs of a file's first `len` bytes (a memfd's page cache), read through a
+/// second, read-only mapping of `fd` populated for the purpose and dropped at once. For a
+/// buffer the process never faulted in: iommufd's IOMMU_IOAS_MAP_FILE pins a memfd's pages
+/// in its page cache without mapping them, so the buffer's own mapping has nothing present.
+/// The second mapping's page-table entries go with it, so the buffer's munmap has no more to
+/// zap than before. None where [`physical_runs`] gives none, or the mapping fails.
+pub fn file_runs(fd: libc::c_int, len: usize) -> Option<u64> {
+    let (prot, flags) = (libc::PROT_READ, libc::MAP_SHARED | libc::MAP_POPULATE);
+    // SAFETY: a fresh mapping the kernel places; `fd` is the caller's open file.
+    let addr = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, fd, 0) };
+    if addr == libc::MAP_FAILED {
+        return None;
+    }
+    let runs = physical_runs(addr as usize, len);
+    // SAFETY: exactly the mapping mmap returned above, used by nothing else.
+    unsafe { libc::munmap(addr, len) };
+    runs
+}
+
 /// Counts the runs of consecutive frame numbers in pagemap `entries`.
 fn runs(entries: impl Iterator<Item = u64>) -> Option<u64> {
     let mut count = 0;
@@ -154,6 +173,31 @@ mod tests {
         let aligned = start.next_multiple_of(BASE_PAGE);
         let n = physical_runs(aligned, len).expect("a written heap buffer is present");
         assert!((1..=64).contains(&n), "{n} runs for 64 pages");
+    }
+
+    #[test]
+    fn a_memfd_never_mapped_is_read_through_its_file() {
+        // SAFETY: geteuid has no arguments and cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("SKIP: pagemap frame numbers need CAP_SYS_ADMIN (run as root)");
+            return;
+        }
+        use std::os::fd::AsRawFd;
+        let len = 64 * BASE_PAGE;
+        // SAFETY: a NUL-terminated name and no flags.
+        let fd = unsafe { libc::memfd_create(c"layout-test".as_ptr(), 0) };
+        assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
+        // SAFETY: fd was just created and is owned by this File alone.
+        let file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        // Written through the file, never mapped: the page cache holds the pages.
+        file.write_all_at(&vec![7u8; len], 0).expect("write the memfd");
+        let n = file_runs(file.as_raw_fd(), len).expect("the memfd's pages are in its page cache");
+        assert!((1..=64).contains(&n), "{n} runs for 64 pages");
+        assert_eq!(
+            file_runs(file.as_raw_fd(), 128 * BASE_PAGE),
+            None,
+            "past the file's end"
+        );
     }
 
     #[test]

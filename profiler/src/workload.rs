@@ -264,11 +264,12 @@ impl Iteration<'_> {
 
     fn munmap(&mut self) -> Result<(), WorkloadError> {
         // Outside every timed phase: the layout the map and unmap worked on (the pages stay
-        // mapped in the process after the DMA unmap).
-        let layout = self
-            .buf
-            .addr
-            .and_then(|(a, l)| crate::layout::physical_runs(a as usize, l));
+        // mapped in the process after the DMA unmap; a memfd that iommufd pinned by file was
+        // never mapped in the process, its page cache holds them).
+        let layout = self.buf.addr.and_then(|(a, l)| {
+            crate::layout::physical_runs(a as usize, l)
+                .or_else(|| self.buf.fd.and_then(|fd| crate::layout::file_runs(fd, l)))
+        });
         self.timed(Phase::Munmap, |buf| {
             if let Some((addr, len)) = buf.addr.take() {
                 // SAFETY: exactly the mapping mmap returned.

@@ -595,7 +595,7 @@ fn ns(v: &Value) -> f64 {
 }
 
 /// Every mode x backing x prefault the custom kernel supports runs and reports every
-/// phase; iommufd maps memfd with IOMMU_IOAS_MAP_FILE.
+/// phase and its map's physical layout; iommufd maps memfd with IOMMU_IOAS_MAP_FILE.
 fn dma_matrix_custom(c: &Ctx) -> Outcome {
     let args = "-b 64M -v '*_anonymous' -v '*_anonymous_hugetlb_2mb' -v '*_memfd' -v '*_memfd_hugetlb_2mb' \
                 --prefault none,populate -n 1";
@@ -632,6 +632,11 @@ fn dma_matrix_custom(c: &Ctx) -> Outcome {
                 };
                 if c["map_ioctl"] != want {
                     problems.push(format!("{name}: map_ioctl {} (want {want})", c["map_ioctl"]));
+                }
+                // The layout the map worked on is read for every backing, also for a memfd
+                // iommufd pinned by file without mapping it in the process.
+                if phase(c, "map").is_ok_and(|ph| !ph["physical_runs"]["median"].is_u64()) {
+                    problems.push(format!("{name}: the map phase has no physical layout"));
                 }
                 for p in ["mmap", "map", "unmap", "munmap"] {
                     match phase(c, p) {
