@@ -236,6 +236,7 @@ pub fn demotions(
                 cost_ns: c,
                 share: c as f64 / base,
                 phase_share: total as f64 / base,
+                outgrown: false,
             };
             out.demoted.push((row, why));
         }
@@ -274,7 +275,62 @@ fn phase_rest(scout: &PhaseRun, probes_ns: u64, untraced: &[PhaseRun]) -> u64 {
     scouted.min(plain).max(1)
 }
 
+/// How far over `--demote-above` an exact iteration's probe hits must cost one of its syscall
+/// phases before the iteration runs again with more rows demoted: the scout's demotions
+/// hold a like layout to the limit, so twice it means the buffer came in other runs.
+const OUTGROWN_FACTOR: f64 = 2.0;
+
 impl Demotion {
+    /// Demotes, on top of the scout's, the rows exact iteration `iteration` (`seen`: its
+    /// slots, read from the maps; `walls`: its phases) shows to cost a syscall phase over
+    /// [`OUTGROWN_FACTOR`] times the limit: a 4 KiB buffer's pin and map calls follow its
+    /// physical runs, which change from iteration to iteration (an iommufd memfd map's scout
+    /// made 1819 IOMMU map calls, the exact iteration after it 27852). Returns the rows newly
+    /// demoted (none: keep the iteration).
+    pub fn outgrown(
+        &mut self,
+        (seen, iteration): (&Drained, u32),
+        walls: &[PhaseRun],
+        rows: &[(usize, AttachedBy)],
+        cost: &ProbeCost,
+        limits: (f64, u64),
+    ) -> Vec<DemotedRow> {
+        // Numbered as the scout's slots, which `demotions` reads.
+        let shift = iteration * PHASES.len() as u32;
+        let as_scout = Drained {
+            counters: Vec::new(),
+            samples: Vec::new(),
+            rows: seen.rows.iter().map(|(sl, r, st)| (sl - shift, *r, *st)).collect(),
+        };
+        let more = demotions(&as_scout, walls, &[], rows, cost, limits);
+        if !more
+            .demoted
+            .iter()
+            .any(|(_, d)| d.phase_share >= OUTGROWN_FACTOR * limits.0)
+        {
+            return Vec::new();
+        }
+        let mut added = Vec::new();
+        for (row, mut why) in more.demoted {
+            if self.has(row) {
+                continue;
+            }
+            why.outgrown = true;
+            self.counts.extend(more.counts.iter().filter(|(_, r, _)| *r == row));
+            added.push(why.clone());
+            self.demoted.push((row, why));
+        }
+        // Their callers' callee counts as the larger buffer made them: the rows that lose
+        // callees to the demotion are found against these.
+        for (phase, row, n) in more.children {
+            match self.children.iter_mut().find(|(p, r, _)| *p == phase && *r == row) {
+                Some(c) => c.2 = c.2.max(n),
+                None => self.children.push((phase, row, n)),
+            }
+        }
+        added
+    }
+
     /// Whether `row` made far fewer probed calls in the exact pass (`drained`) than in the
     /// scout: its demoted callees' time is in its exclusive time, even where the sampled
     /// stacks do not show them (a tail call leaves no frame).
@@ -1516,6 +1572,66 @@ mod tests {
             ..RowStats::default()
         };
         (slot, row(name), st)
+    }
+
+    #[test]
+    fn an_exact_iteration_on_a_buffer_in_more_runs_demotes_more() {
+        let attached = [
+            (row("batch_to_domain"), AttachedBy::Kprobe),
+            (row("iommu_map"), AttachedBy::Fentry),
+            (row("iommu_map_nosync"), AttachedBy::Fentry),
+        ];
+        let cost = ProbeCost {
+            fentry: Some(CallCost {
+                ns: 1000.0,
+                own_share: 0.5,
+            }),
+            kprobe: Some(CallCost {
+                ns: 1000.0,
+                own_share: 0.5,
+            }),
+            tracepoint: None,
+            errors: Vec::new(),
+        };
+        let limits = (DEMOTE_ABOVE, 0);
+        let walls = [run(Phase::Map, 500_000_000)];
+        // The scout's buffer made 1819 map calls: 1.8 ms of 500, nothing to demote.
+        let scout = Drained {
+            rows: vec![one_row(slot(0, Phase::Map), "iommu_map", 1819, 4_000_000)],
+            ..Drained::default()
+        };
+        let mut d = demotions(&scout, &walls, &[], &attached, &cost, limits);
+        assert!(d.demoted.is_empty());
+        // Exact iteration 1 on a buffer in more runs: 55738 calls, 56 ms of hits, 11% of the phase.
+        let seen = |calls| Drained {
+            rows: vec![
+                one_row(slot(1, Phase::Map), "batch_to_domain", 6, 40_000_000),
+                one_row(slot(1, Phase::Map), "iommu_map_nosync", calls, 30_000_000),
+            ],
+            ..Drained::default()
+        };
+        // 5000 calls: 5 ms, 1% of the phase; 20000: 4%, under twice the limit. Kept.
+        for calls in [5000, 20_000] {
+            assert!(
+                d.outgrown((&seen(calls), 1), &walls, &attached, &cost, limits)
+                    .is_empty()
+            );
+        }
+        let added = d.outgrown((&seen(55_738), 1), &walls, &attached, &cost, limits);
+        assert_eq!(added.len(), 1, "{added:?}");
+        assert!(added[0].outgrown && added[0].function == "iommu_map_nosync" && added[0].calls == 55_738);
+        assert_eq!(d.rows(), [row("iommu_map_nosync")]);
+        assert!(
+            d.counts
+                .iter()
+                .any(|(p, r, st)| *p == Phase::Map && *r == row("iommu_map_nosync") && st.calls == 55_738)
+        );
+        let said = d.describe();
+        assert!(
+            said.len() == 1
+                && said[0].starts_with("the exact iteration outgrew the scout and ran again without iommu_map_nosync"),
+            "{said:?}"
+        );
     }
 
     #[test]

@@ -986,31 +986,45 @@ impl Probes {
     pub fn drain(&mut self, slots: u32) -> Result<Drained, AttachError> {
         self.flush_log();
         let map_err = |what| move |source| AttachError::Map { what, source };
-        let slots = 1..slots.min(abi::MAX_PHASES);
+        let mut out = self.peek(1..slots)?;
+        for (slot, _) in &out.counters {
+            self.counters
+                .set(*slot, PhaseCounters::default(), 0)
+                .map_err(map_err("PHASE_COUNTERS reset"))?;
+        }
+        for (slot, row, _) in &out.rows {
+            self.row_stats
+                .set(slot * abi::MAX_ROWS + *row as u32, RowStats::default(), 0)
+                .map_err(map_err("ROW_STATS reset"))?;
+        }
+        out.samples = self.drain_samples()?;
+        Ok(out)
+    }
+
+    /// Reads the counters and the attached rows' stats recorded in `slots`, leaving them
+    /// there (no samples).
+    pub fn peek(&self, slots: std::ops::Range<u32>) -> Result<Drained, AttachError> {
+        let map_err = |what| move |source| AttachError::Map { what, source };
+        let slots = slots.start..slots.end.min(abi::MAX_PHASES);
         let mut out = Drained::default();
         for slot in slots.clone() {
             let c = self.counters.get(&slot, 0).map_err(map_err("PHASE_COUNTERS read"))?;
             if c != PhaseCounters::default() {
                 out.counters.push((slot, c));
-                self.counters
-                    .set(slot, PhaseCounters::default(), 0)
-                    .map_err(map_err("PHASE_COUNTERS reset"))?;
             }
         }
         let rows: Vec<usize> = self.attached_rows().into_iter().map(|(r, _)| r).collect();
         for slot in slots {
             for &row in &rows {
-                let idx = slot * abi::MAX_ROWS + row as u32;
-                let st = self.row_stats.get(&idx, 0).map_err(map_err("ROW_STATS read"))?;
+                let st = self
+                    .row_stats
+                    .get(&(slot * abi::MAX_ROWS + row as u32), 0)
+                    .map_err(map_err("ROW_STATS read"))?;
                 if st != RowStats::default() {
                     out.rows.push((slot, row, st));
-                    self.row_stats
-                        .set(idx, RowStats::default(), 0)
-                        .map_err(map_err("ROW_STATS reset"))?;
                 }
             }
         }
-        out.samples = self.drain_samples()?;
         Ok(out)
     }
 

@@ -679,14 +679,24 @@ pub struct ExactRow {
 
 /// One line per phase of `demoted`: which rows the exact pass ran without, and why.
 pub fn describe_demoted(demoted: &[DemotedRow]) -> Vec<(Phase, String)> {
-    crate::workload::PHASES
+    let groups = crate::workload::PHASES
         .iter()
-        .filter_map(|ph| {
-            let rows: Vec<&DemotedRow> = demoted.iter().filter(|d| d.phase == *ph).collect();
+        .flat_map(|ph| [(*ph, false), (*ph, true)]);
+    groups
+        .filter_map(|(ph, outgrown)| {
+            let rows: Vec<&DemotedRow> = demoted
+                .iter()
+                .filter(|d| d.phase == ph && d.outgrown == outgrown)
+                .collect();
             let first = rows.first()?;
             let names: Vec<&str> = rows.iter().map(|d| d.function.as_str()).collect();
+            let lead = if outgrown {
+                "the exact iteration outgrew the scout and ran again"
+            } else {
+                "exact pass"
+            };
             let line = format!(
-                "exact pass without {}: {} calls in {} would cost ~{:.1} ms of probes ({:.0}% of the phase, with every row {:.0}%)",
+                "{lead} without {}: {} calls in {} would cost ~{:.1} ms of probes ({:.0}% of the phase, with every row {:.0}%)",
                 names.join(", "),
                 rows.iter().map(|d| d.calls).sum::<u64>(),
                 ph.name(),
@@ -694,7 +704,7 @@ pub fn describe_demoted(demoted: &[DemotedRow]) -> Vec<(Phase, String)> {
                 rows.iter().map(|d| d.share).sum::<f64>() * 100.0,
                 first.phase_share * 100.0
             );
-            Some((*ph, line))
+            Some((ph, line))
         })
         .collect()
 }
@@ -716,6 +726,11 @@ pub struct DemotedRow {
     /// What every row's hits would have cost that phase, likewise.
     #[serde(default)]
     pub phase_share: f64,
+    /// Demoted after an exact iteration's buffer made far more calls than the scout's (a 4
+    /// KiB buffer's pin and map calls follow its physical runs): its calls and cost are that
+    /// iteration's, which then ran again without it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub outgrown: bool,
 }
 
 /// A case that ran and failed.

@@ -24,7 +24,7 @@ use crate::{
     stop::{Control, Stage},
     symbols::{KernelSymbols, Pending},
     sys::{self, FileLock, LockError},
-    workload::{self, Phase, PhaseObserver, WorkloadError},
+    workload::{self, PHASES, Phase, PhaseObserver, PhaseRun, WorkloadError},
 };
 
 /// Why a run could not start or finish.
@@ -433,7 +433,7 @@ impl Session {
             p.set_case(case.mode);
         }
         let scout = probes.as_deref_mut().filter(|_| scouting).zip(cost);
-        let demotion = match self.warm_up(&workload, dma.as_mut(), scout, control)? {
+        let mut demotion = match self.warm_up(&workload, dma.as_mut(), scout, control)? {
             Ok(d) => d,
             Err(e) => {
                 return Ok(CaseRuns {
@@ -446,8 +446,18 @@ impl Session {
         };
         // A scout leaves the exact pass's probes attached (see `warm_up`).
         let current = if scouting { Pass::Exact } else { Pass::Untraced };
-        let (runs, pace, failure) =
-            self.run_steps(&workload, &steps, current, probes.as_deref_mut(), dma.as_mut(), control)?;
+        let redo = cost.filter(|_| scouting).map(|cost| Redo {
+            demotion: &mut demotion,
+            cost,
+        });
+        let (runs, pace, failure) = self.run_steps(
+            &workload,
+            (&steps, current),
+            probes.as_deref_mut(),
+            dma.as_mut(),
+            redo,
+            control,
+        )?;
         if let Some(p) = probes.filter(|_| failure.is_none()) {
             self.timed(Spend::Switching, || p.set_groups(&[]))
                 .map_err(CaseError::Probes)?;
@@ -461,15 +471,17 @@ impl Session {
         })
     }
 
-    /// Runs the passes' iterations in `steps` order into `runs`, switching probes (and
-    /// priming after a switch) where the pass changes; returns the failure that stopped them.
+    /// Runs the passes' iterations in `steps` order (from the `current` pass's probes) into
+    /// `runs`, switching probes (and priming after a switch) where the pass changes; an exact
+    /// iteration that outgrew its scout (`redo`) runs once more with more rows demoted.
+    /// Returns the failure that stopped them.
     fn run_steps(
         &self,
         workload: &Workload,
-        steps: &[(Pass, u32)],
-        mut current: Pass,
+        (steps, mut current): (&[(Pass, u32)], Pass),
         mut probes: Option<&mut Probes>,
         mut dma: Option<&mut DmaContext>,
+        mut redo: Option<Redo<'_>>,
         control: &Control,
     ) -> Result<(PassRuns, Vec<u64>, Option<WorkloadError>), CaseError> {
         let case = &workload.case;
@@ -485,23 +497,80 @@ impl Session {
             }
             // The untraced pass switches no phase slot: not even a map update may touch it.
             let slot_iteration = self.slot_iteration(pass, index);
-            let traced = probes.as_deref_mut().filter(|_| slot_iteration.is_some());
-            let mut obs = SlotObserver::new(traced, slot_iteration.unwrap_or(0), control, case);
             if pass == Pass::Untraced {
                 paces.push(pace.take());
             }
-            let r = self.timed(Spend::Iteration(pass), || {
-                workload::run_iteration(workload, dma.as_deref_mut(), &mut obs, control.cancel_flag())
-            });
-            if let Some(e) = obs.error.take() {
-                return Err(CaseError::Probes(e));
-            }
-            match r {
-                Ok(r) => runs.entry(pass).or_default().push((slot_iteration.unwrap_or(index), r)),
-                Err(e) => return Ok((runs, paces, Some(e))),
+            let mut again = pass == Pass::Exact && redo.is_some();
+            loop {
+                let traced = probes.as_deref_mut().filter(|_| slot_iteration.is_some());
+                let mut obs = SlotObserver::new(traced, slot_iteration.unwrap_or(0), control, case);
+                let r = self.timed(Spend::Iteration(pass), || {
+                    workload::run_iteration(workload, dma.as_deref_mut(), &mut obs, control.cancel_flag())
+                });
+                if let Some(e) = obs.error.take() {
+                    return Err(CaseError::Probes(e));
+                }
+                let r = match r {
+                    Ok(r) => r,
+                    Err(e) => return Ok((runs, paces, Some(e))),
+                };
+                let outgrown = match (again, probes.as_deref_mut(), redo.as_mut()) {
+                    (true, Some(p), Some(redo)) => {
+                        self.outgrown(p, redo, (index, r.as_slice()), workload, dma.as_deref_mut(), control)?
+                    }
+                    _ => Ok(false),
+                };
+                match outgrown {
+                    Ok(true) => again = false,
+                    Ok(false) => {
+                        runs.entry(pass).or_default().push((slot_iteration.unwrap_or(index), r));
+                        break;
+                    }
+                    Err(e) => return Ok((runs, paces, Some(e))),
+                }
             }
         }
         Ok((runs, paces, None))
+    }
+
+    /// Whether exact iteration `index` (its phases `walls`) outgrew the scout (see
+    /// [`Demotion::outgrown`]); if so its slots are cleared and the newly demoted rows
+    /// detached, ready for it to run again.
+    fn outgrown(
+        &self,
+        p: &mut Probes,
+        redo: &mut Redo<'_>,
+        (index, walls): (u32, &[PhaseRun]),
+        workload: &Workload,
+        dma: Option<&mut DmaContext>,
+        control: &Control,
+    ) -> Result<Result<bool, WorkloadError>, CaseError> {
+        let first = attribution::slot(index, PHASES[0]);
+        let seen = p.peek(first..first + PHASES.len() as u32).map_err(CaseError::Probes)?;
+        let added = redo
+            .demotion
+            .outgrown((&seen, index), walls, &p.attached_rows(), redo.cost, self.limits());
+        if added.is_empty() {
+            return Ok(Ok(false));
+        }
+        for (_, line) in crate::report::describe_demoted(&added) {
+            eprintln!("dmaprof: {}: {line}", workload.case.name());
+        }
+        for slot in first..first + PHASES.len() as u32 {
+            p.discard_slot(slot).map_err(CaseError::Probes)?;
+        }
+        p.set_demoted(&redo.demotion.rows());
+        control.enter(Stage::Switching(workload.case.name(), Pass::Exact));
+        Ok(self
+            .switch(p, Pass::Exact.groups(), workload, dma, control)?
+            .map(|()| true))
+    }
+
+    /// The demotion limits: `--demote-above`, and the shortest phase whose time samples can
+    /// split.
+    fn limits(&self) -> (f64, u64) {
+        let min_phase_ns = attribution::MIN_SPLIT_PERIODS * report::sampling_period_ns(self.opts.freq_hz);
+        (self.opts.demote_above, min_phase_ns)
     }
 
     /// Runs two discarded iterations: a warm-up and, before an exact pass with a calibrated
@@ -557,9 +626,7 @@ impl Session {
                 return Ok(Err(e));
             }
         };
-        let min_phase_ns = attribution::MIN_SPLIT_PERIODS * report::sampling_period_ns(self.opts.freq_hz);
-        let limits = (self.opts.demote_above, min_phase_ns);
-        let demotion = attribution::demotions(&drained, &walls, &untraced, &p.attached_rows(), cost, limits);
+        let demotion = attribution::demotions(&drained, &walls, &untraced, &p.attached_rows(), cost, self.limits());
         for line in demotion.describe() {
             eprintln!("dmaprof: {}: {line}", case.name());
         }
@@ -673,6 +740,13 @@ fn leaks_of(before: &Held, name: &str) -> Vec<report::Leak> {
         );
     }
     leaks
+}
+
+/// What an exact iteration that outgrew its scout needs to run again: the case's demotions,
+/// which it adds to, and the calibrated cost per hit.
+struct Redo<'a> {
+    demotion: &'a mut Demotion,
+    cost: &'a ProbeCost,
 }
 
 /// The probes of a traced run and what they measure.
