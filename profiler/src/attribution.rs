@@ -1574,6 +1574,17 @@ mod tests {
         (slot, row(name), st)
     }
 
+    /// A calibration: `fentry` and `kprobe` ns per call, half of each the probed call's own.
+    fn costs(fentry: f64, kprobe: f64) -> ProbeCost {
+        let half = |ns| Some(CallCost { ns, own_share: 0.5 });
+        ProbeCost {
+            fentry: half(fentry),
+            kprobe: half(kprobe),
+            tracepoint: None,
+            errors: Vec::new(),
+        }
+    }
+
     #[test]
     fn an_exact_iteration_on_a_buffer_in_more_runs_demotes_more() {
         let attached = [
@@ -1581,18 +1592,7 @@ mod tests {
             (row("iommu_map"), AttachedBy::Fentry),
             (row("iommu_map_nosync"), AttachedBy::Fentry),
         ];
-        let cost = ProbeCost {
-            fentry: Some(CallCost {
-                ns: 1000.0,
-                own_share: 0.5,
-            }),
-            kprobe: Some(CallCost {
-                ns: 1000.0,
-                own_share: 0.5,
-            }),
-            tracepoint: None,
-            errors: Vec::new(),
-        };
+        let cost = costs(1000.0, 1000.0);
         let limits = (DEMOTE_ABOVE, 0);
         let walls = [run(Phase::Map, 500_000_000)];
         // The scout's buffer made 1819 map calls: 1.8 ms of 500, nothing to demote.
@@ -1648,18 +1648,7 @@ mod tests {
             (row("vfio_pin_map_dma"), AttachedBy::Kprobe),
             (row("iommu_map"), AttachedBy::Fentry),
         ];
-        let cost = ProbeCost {
-            fentry: Some(CallCost {
-                ns: 500.0,
-                own_share: 0.5,
-            }),
-            kprobe: Some(CallCost {
-                ns: 1000.0,
-                own_share: 0.5,
-            }),
-            tracepoint: None,
-            errors: Vec::new(),
-        };
+        let cost = costs(500.0, 1000.0);
         // The map's wall time and the shortest phase demotion applies in.
         let demote = |scout: &Drained, wall, min| {
             demotions(
