@@ -30,6 +30,11 @@ pub fn slot(iteration: u32, phase: Phase) -> u32 {
     1 + iteration * PHASES.len() as u32 + phase.index() as u32
 }
 
+/// The slots iteration `iteration` records its phases into.
+pub fn iteration_slots(iteration: u32) -> std::ops::Range<u32> {
+    slot(iteration, PHASES[0])..slot(iteration + 1, PHASES[0])
+}
+
 /// The phase a slot belongs to.
 fn phase_of_slot(s: u32) -> Option<Phase> {
     s.checked_sub(1).map(|s| PHASES[s as usize % PHASES.len()])
@@ -281,26 +286,27 @@ fn phase_rest(scout: &PhaseRun, probes_ns: u64, untraced: &[PhaseRun]) -> u64 {
 const OUTGROWN_FACTOR: f64 = 2.0;
 
 impl Demotion {
-    /// Demotes, on top of the scout's, the rows exact iteration `iteration` (`seen`: its
-    /// slots, read from the maps; `walls`: its phases) shows to cost a syscall phase over
+    /// Demotes, on top of the scout's, the rows an exact iteration (`seen`: its slots, read
+    /// from the maps; `walls`: its phases) shows to cost a syscall phase over
     /// [`OUTGROWN_FACTOR`] times the limit: a 4 KiB buffer's pin and map calls follow its
     /// physical runs, which change from iteration to iteration (an iommufd memfd map's scout
     /// made 1819 IOMMU map calls, the exact iteration after it 27852). Returns the rows newly
     /// demoted (none: keep the iteration).
     pub fn outgrown(
         &mut self,
-        (seen, iteration): (&Drained, u32),
+        seen: &Drained,
         walls: &[PhaseRun],
         rows: &[(usize, AttachedBy)],
         cost: &ProbeCost,
         limits: (f64, u64),
     ) -> Vec<DemotedRow> {
         // Numbered as the scout's slots, which `demotions` reads.
-        let shift = iteration * PHASES.len() as u32;
         let as_scout = Drained {
             counters: Vec::new(),
             samples: Vec::new(),
-            rows: seen.rows.iter().map(|(sl, r, st)| (sl - shift, *r, *st)).collect(),
+            rows: (seen.rows.iter())
+                .filter_map(|(sl, r, st)| Some((slot(0, phase_of_slot(*sl)?), *r, *st)))
+                .collect(),
         };
         let more = demotions(&as_scout, walls, &[], rows, cost, limits);
         if !more
@@ -1612,12 +1618,9 @@ mod tests {
         };
         // 5000 calls: 5 ms, 1% of the phase; 20000: 4%, under twice the limit. Kept.
         for calls in [5000, 20_000] {
-            assert!(
-                d.outgrown((&seen(calls), 1), &walls, &attached, &cost, limits)
-                    .is_empty()
-            );
+            assert!(d.outgrown(&seen(calls), &walls, &attached, &cost, limits).is_empty());
         }
-        let added = d.outgrown((&seen(55_738), 1), &walls, &attached, &cost, limits);
+        let added = d.outgrown(&seen(55_738), &walls, &attached, &cost, limits);
         assert_eq!(added.len(), 1, "{added:?}");
         assert!(added[0].outgrown && added[0].function == "iommu_map_nosync" && added[0].calls == 55_738);
         assert_eq!(d.rows(), [row("iommu_map_nosync")]);

@@ -24,7 +24,7 @@ use crate::{
     stop::{Control, Stage},
     symbols::{KernelSymbols, Pending},
     sys::{self, FileLock, LockError},
-    workload::{self, PHASES, Phase, PhaseObserver, PhaseRun, WorkloadError},
+    workload::{self, Phase, PhaseObserver, PhaseRun, WorkloadError},
 };
 
 /// Why a run could not start or finish.
@@ -545,18 +545,16 @@ impl Session {
         dma: Option<&mut DmaContext>,
         control: &Control,
     ) -> Result<Result<bool, WorkloadError>, CaseError> {
-        let first = attribution::slot(index, PHASES[0]);
-        let seen = p.peek(first..first + PHASES.len() as u32).map_err(CaseError::Probes)?;
-        let added = redo
-            .demotion
-            .outgrown((&seen, index), walls, &p.attached_rows(), redo.cost, self.limits());
+        let slots = attribution::iteration_slots(index);
+        let seen = p.peek(slots.clone()).map_err(CaseError::Probes)?;
+        let added = (redo.demotion).outgrown(&seen, walls, &p.attached_rows(), redo.cost, self.limits());
         if added.is_empty() {
             return Ok(Ok(false));
         }
         for (_, line) in crate::report::describe_demoted(&added) {
             eprintln!("dmaprof: {}: {line}", workload.case.name());
         }
-        for slot in first..first + PHASES.len() as u32 {
+        for slot in slots {
             p.discard_slot(slot).map_err(CaseError::Probes)?;
         }
         p.set_demoted(&redo.demotion.rows());
