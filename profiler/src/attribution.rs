@@ -832,7 +832,7 @@ impl Reference<'_> {
 
     /// `traced` iterations against it: per iteration at its own layout where known.
     fn ratio(&self, traced: &[(u32, &PhaseRun)], wall: &Stats) -> Option<Ratio> {
-        let matched = self.layout.is_some() && traced.iter().all(|(_, p)| p.physical_runs.is_some());
+        let matched = self.layout.is_some_and(|l| l.follows()) && traced.iter().all(|(_, p)| p.physical_runs.is_some());
         if !matched {
             return Ratio::of(wall, self.stats);
         }

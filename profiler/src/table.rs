@@ -231,13 +231,18 @@ fn layout(case: &CaseReport) -> String {
         .exact
         .physical_runs
         .map_or(String::new(), |r| format!(", the exact iteration {r}"));
+    let follows = if line.follows() {
+        format!(
+            "untraced map {} ms + {:.2} us per run",
+            ms(line.intercept_ns.max(0.0) as u64),
+            line.ns_per_run / 1e3
+        )
+    } else {
+        "the untraced map did not rise with them, so traced iterations are held against its median".into()
+    };
     format!(
-        "  physical layout: {}-{} contiguous runs over the untraced iterations{exact}; untraced map {} ms {} {:.2} us per run\n",
-        runs.min,
-        runs.max,
-        ms(line.intercept_ns.max(0.0) as u64),
-        if line.ns_per_run < 0.0 { '-' } else { '+' },
-        line.ns_per_run.abs() / 1e3
+        "  physical layout: {}-{} contiguous runs over the untraced iterations{exact}; {follows}\n",
+        runs.min, runs.max,
     )
 }
 
