@@ -245,7 +245,8 @@ const BOOTS: usize = 3;
 fn boots(name: &str, mut run: impl FnMut() -> Outcome) -> Outcome {
     let mut failed: Vec<String> = Vec::new();
     loop {
-        match run() {
+        let started = std::time::SystemTime::now();
+        match run().map_err(|why| keep_failed_scratch(started, failed.len() + 1, why)) {
             Ok(note) if failed.is_empty() => return Ok(note),
             Ok(note) => {
                 return Ok(format!(
@@ -260,6 +261,33 @@ fn boots(name: &str, mut run: impl FnMut() -> Outcome) -> Outcome {
             }
             Err(why) => return Err(format!("{why} (the boots before: {})", failed.join("; "))),
         }
+    }
+}
+
+/// Moves the scratch directories a failed boot wrote (since `started`) aside, to
+/// `<name>.failed-boot-<boot>`, so that the next boot's output does not replace the reports
+/// that show why it failed; says where they went in `why`.
+fn keep_failed_scratch(started: std::time::SystemTime, boot: usize, why: String) -> String {
+    let Ok(dir) = cache_dir().map(|c| c.join("test-scratch")) else {
+        return why;
+    };
+    let mut kept = Vec::new();
+    for entry in fs::read_dir(&dir).into_iter().flatten().flatten() {
+        let (path, name) = (entry.path(), entry.file_name().to_string_lossy().into_owned());
+        let fresh = entry.metadata().and_then(|m| m.modified()).is_ok_and(|t| t >= started);
+        if !fresh || name.contains(".failed-boot-") {
+            continue;
+        }
+        let aside = dir.join(format!("{name}.failed-boot-{boot}"));
+        let _ = fs::remove_dir_all(&aside);
+        if fs::rename(&path, &aside).is_ok() {
+            kept.push(aside.display().to_string());
+        }
+    }
+    if kept.is_empty() {
+        why
+    } else {
+        format!("{why} [its output: {}]", kept.join(", "))
     }
 }
 
