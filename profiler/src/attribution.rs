@@ -14,8 +14,8 @@ use crate::{
     matrix::Workload,
     probes::{AttachedBy, CallCost, PROBE_TABLE, Pass, ProbeCost, ProbeStatus},
     report::{
-        CaseReport, Counters, DemotedRow, Exact, ExactRow, OffCpu, PassTimes, PhaseReport, Ratio, Sampled, Stats,
-        median_ci,
+        CaseReport, Counters, DemotedRow, Exact, ExactRow, OffCpu, OverheadBasis, PassTimes, PhaseReport, Ratio,
+        Sampled, Stats, median_ci,
     },
     symbols::KernelSymbols,
     workload::{PHASES, Phase, PhaseRun},
@@ -556,6 +556,7 @@ fn exact_breakdown(
     rows.sort_by_key(|r| std::cmp::Reverse(r.inclusive_ns));
     let reference = untraced.map(|u| u.at(run.physical_runs));
     let measured = reference.map(|u| run.wall_ns.saturating_sub(u));
+    let noise = untraced.map(|u| u.band());
     // Outside a syscall (touch) the wall time outside the rows is the faults' entry and exit
     // and the loop's user time: the probed calls' callers, whose share of the probe cost it
     // holds.
@@ -565,8 +566,13 @@ fn exact_breakdown(
         rows: &rows,
         events: event_hits(&c),
     };
-    let costs = call_costs(&hits, input.cost, measured);
     let calibrated = calibrated_total(&hits, input.cost).map(|t| t as u64);
+    let basis = overhead_basis(run.wall_ns, reference, calibrated, noise);
+    let costs = call_costs(
+        &hits,
+        input.cost,
+        measured.filter(|_| basis == Some(OverheadBasis::Measured)),
+    );
     let events = hits.events;
     let unprobed_overhead = costs
         .as_ref()
@@ -585,6 +591,8 @@ fn exact_breakdown(
         categories,
         probe_overhead_ns,
         probe_overhead_measured_ns: measured,
+        probe_overhead_basis: basis.filter(|_| probe_overhead_ns.is_some()),
+        untraced_noise_ns: noise,
         untraced_reference_ns: reference,
         physical_runs: run.physical_runs,
         probe_overhead_calibrated_ns: calibrated,
@@ -689,6 +697,33 @@ struct Hits<'a> {
 /// fault and each page allocation.
 fn event_hits(c: &PhaseCounters) -> u64 {
     2 * c.syscalls + c.user_faults + c.page_allocs.iter().sum::<u64>()
+}
+
+/// Which cost the rows' probe charges follow (None: neither is known). The measured one
+/// (`wall` less the untraced `reference`) where it tells the calibration wrong: further from
+/// the `calibrated` total than one untraced iteration's own `noise` moves it, and not below
+/// the reference (no probe makes a phase faster: an exact iteration under its untraced line
+/// is noise). Else the calibration, as it is: a 1 ms map's exact iteration once ran 0.5 ms
+/// under its single untraced one, and the measured 0 left every hit's cost in the rows.
+fn overhead_basis(
+    wall: u64,
+    reference: Option<u64>,
+    calibrated: Option<u64>,
+    noise: Option<u64>,
+) -> Option<OverheadBasis> {
+    let Some(reference) = reference else {
+        return calibrated.map(|_| OverheadBasis::Calibration);
+    };
+    let Some(calibrated) = calibrated else {
+        return Some(OverheadBasis::Measured);
+    };
+    let measured = wall.checked_sub(reference);
+    let apart = measured.is_some_and(|m| m.abs_diff(calibrated) > noise.unwrap_or(0));
+    Some(if apart {
+        OverheadBasis::Measured
+    } else {
+        OverheadBasis::Calibration
+    })
 }
 
 /// What the calibrated cost per hit adds up to over one phase's rows and tracepoint hits,
@@ -818,6 +853,8 @@ fn layout_stats(runs: &[(u32, &PhaseRun)]) -> Option<Stats> {
 struct Reference<'a> {
     stats: &'a Stats,
     layout: Option<LayoutModel>,
+    /// The untraced iterations' physical runs, in the order of `stats.runs`.
+    runs: Option<&'a Stats>,
 }
 
 impl Reference<'_> {
@@ -828,6 +865,16 @@ impl Reference<'_> {
             (Some(m), Some(r)) => m.predict(r),
             _ => self.stats.median,
         }
+    }
+
+    /// How far the untraced iterations themselves fall from it, each at its own layout: the
+    /// most one iteration's noise moved one of them (0 with a single iteration).
+    fn band(&self) -> u64 {
+        let runs = |i: usize| self.runs.and_then(|r| r.runs.get(i).copied());
+        (self.stats.runs.iter().enumerate())
+            .map(|(i, w)| w.abs_diff(self.at(runs(i))))
+            .max()
+            .unwrap_or(0)
     }
 
     /// `traced` iterations against it: per iteration at its own layout where known.
@@ -936,7 +983,11 @@ fn phase_report(phase: Phase, input: &CaseInput, cats: &CategoryCounts, owners: 
             let points: Vec<(u64, u64)> = r.runs.iter().copied().zip(wall.runs.iter().copied()).collect();
             LayoutModel::fit(&points)
         });
-    let untraced = (wall_pass == Pass::Untraced).then_some(Reference { stats: &wall, layout });
+    let untraced = (wall_pass == Pass::Untraced).then_some(Reference {
+        stats: &wall,
+        layout,
+        runs: physical_runs.as_ref(),
+    });
     let mut report = PhaseReport {
         name: phase,
         wall_pass,
@@ -1184,6 +1235,34 @@ mod tests {
         assert_eq!(rows[0].overhead_ns, 300);
         assert!(call_costs(&Hits { rows: &rows, events: 0 }, None, None).is_none());
         assert!(call_costs(&Hits { rows: &[], events: 0 }, None, Some(5)).is_none());
+    }
+
+    #[test]
+    fn the_measured_cost_is_charged_only_where_it_tells_the_calibration_wrong() {
+        use OverheadBasis::{Calibration, Measured};
+        // Guest maps: (exact wall, untraced reference, calibrated, untraced noise).
+        // Every row kept on a 4 KiB memfd: 397 ms measured against 329 calibrated, with the
+        // untraced iterations 20 ms apart at most.
+        let kept = overhead_basis(729_608_912, Some(332_712_139), Some(329_295_875), Some(20_000_000));
+        assert_eq!(kept, Some(Measured));
+        // A 1 ms hugetlb map 0.5 ms under its single untraced iteration: noise, not a free probe.
+        assert_eq!(
+            overhead_basis(1_131_923, Some(1_641_781), Some(205_486), Some(0)),
+            Some(Calibration)
+        );
+        // 0.27 ms measured, 0.64 calibrated, the untraced iterations 0.63-1.60 ms: within noise.
+        assert_eq!(
+            overhead_basis(1_142_742, Some(876_147), Some(638_842), Some(728_367)),
+            Some(Calibration)
+        );
+        // With one untraced iteration there is no noise to hold a measurement against.
+        assert_eq!(
+            overhead_basis(1_142_742, Some(876_147), Some(638_842), Some(0)),
+            Some(Measured)
+        );
+        assert_eq!(overhead_basis(5, None, Some(3), None), Some(Calibration));
+        assert_eq!(overhead_basis(5, Some(4), None, Some(0)), Some(Measured));
+        assert_eq!(overhead_basis(5, None, None, None), None);
     }
 
     #[test]
@@ -1452,6 +1531,10 @@ mod tests {
         assert!((109_000_000..=111_000_000).contains(&reference), "{reference}");
         let measured = e.probe_overhead_measured_ns.unwrap();
         assert!((4_000_000..=6_000_000).contains(&measured), "{measured}");
+        // Each untraced iteration is within 1 ms of the line at its own layout, though 40 ms
+        // from the median.
+        let noise = e.untraced_noise_ns.unwrap();
+        assert!(noise <= 1_000_000, "{noise}");
         let exact = p.passes[&Pass::Exact].ratio.unwrap();
         assert!(
             exact.layout_matched && (exact.median - 115.0 / 110.0).abs() < 0.01,

@@ -577,12 +577,22 @@ pub struct Exact {
     /// Exclusive time per category; `other` includes syscall time outside every probed row.
     pub categories: BTreeMap<Category, u64>,
     /// What the probes themselves cost in this iteration, taken out of the rows (and the
-    /// unprobed syscall time) where the probe hits landed: `probe_overhead_measured_ns` where
-    /// there is one, spread over the hits in the calibration's proportions (per mechanism,
-    /// own share and caller's share), else the calibrated cost as it is. None when neither is
-    /// known.
+    /// unprobed syscall time) where the probe hits landed, never more than a row's own time:
+    /// by `probe_overhead_basis`, `probe_overhead_measured_ns` spread over the hits in the
+    /// calibration's proportions (per mechanism, own share and caller's share), or the
+    /// calibrated cost as it is. None when neither is known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub probe_overhead_ns: Option<u64>,
+    /// Which cost `probe_overhead_ns` follows: the measured one where it is further from the
+    /// calibrated one than `untraced_noise_ns` (and the iteration was not under its untraced
+    /// reference), else the calibration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe_overhead_basis: Option<OverheadBasis>,
+    /// How far the untraced iterations fall from the untraced reference line, each at its
+    /// own layout (the largest): the noise one untraced iteration carries, and with it the
+    /// measured probe cost (0 with a single untraced iteration).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub untraced_noise_ns: Option<u64>,
     /// This iteration's wall time minus `untraced_reference_ns` (None without an untraced
     /// pass): what the probes cost, measured, noise included.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -613,6 +623,16 @@ pub struct Exact {
     /// is in them; see [`ExactRow::by_samples`]).
     #[serde(default)]
     pub split_ns: u64,
+}
+
+/// Where an exact iteration's probe cost comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OverheadBasis {
+    /// The per-hit costs measured at start-up on the running kernel, summed over the hits.
+    Calibration,
+    /// The iteration's wall time less the untraced one at its layout, spread over the hits.
+    Measured,
 }
 
 impl Exact {

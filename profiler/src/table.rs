@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 use crate::{
     category::{CATEGORIES, Category},
     probes::{AttachedBy, Mechanism, NOT_REQUESTED, Pass},
-    report::{CaseReport, PhaseReport, Report, off_cpu_heavy, samples_short},
+    report::{CaseReport, OverheadBasis, PhaseReport, Report, off_cpu_heavy, samples_short},
     size::HumanSize,
 };
 
@@ -372,16 +372,15 @@ fn exact_row(p: &PhaseReport, columns: &[Category]) -> String {
     if !p.exact.available || p.exact.wall_ns == 0 {
         return out;
     }
-    let calibrated = p
-        .exact
-        .probe_overhead_calibrated_ns
-        .map_or(String::new(), |c| format!(", {} ms per calibration", ms(c)));
+    let calibrated = p.exact.probe_overhead_calibrated_ns;
+    let basis = match (p.exact.probe_overhead_basis, calibrated) {
+        (Some(OverheadBasis::Measured), Some(c)) => format!(" as measured, {} ms per calibration", ms(c)),
+        (Some(OverheadBasis::Measured), None) => " as measured".into(),
+        (Some(OverheadBasis::Calibration), _) => " per calibration".into(),
+        (None, _) => String::new(),
+    };
     let cost = p.exact.probe_overhead_ns.map_or(String::new(), |o| {
-        format!(
-            "probes cost {} ms of it{calibrated} ({} calls)",
-            ms(o),
-            p.exact.probe_hits
-        )
+        format!("probes cost {} ms of it{basis} ({} calls)", ms(o), p.exact.probe_hits)
     });
     let _ = write!(out, "  {:<13}{:>10}{cost:>78}", "  exact", ms(p.exact.wall_ns));
     for c in columns {
