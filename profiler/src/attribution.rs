@@ -539,21 +539,7 @@ fn exact_breakdown(
     let (it, run) = exact[median];
     let s = slot(it, phase);
     let c = counters_at(input.drained, s);
-    let mut rows: Vec<ExactRow> = input
-        .drained
-        .rows
-        .iter()
-        .filter(|(sl, _, _)| *sl == s)
-        .map(|(_, row, st)| {
-            let mechanism = input
-                .rows
-                .iter()
-                .find(|(r, _)| r == row)
-                .map_or(AttachedBy::Kprobe, |(_, m)| *m);
-            exact_row(*row, st, mechanism, phase)
-        })
-        .collect();
-    rows.sort_by_key(|r| std::cmp::Reverse(r.inclusive_ns));
+    let mut rows = rows_at(input, s, phase);
     let reference = untraced.map(|u| u.at(run.physical_runs));
     let measured = reference.map(|u| run.wall_ns.saturating_sub(u));
     let noise = untraced.map(|u| u.band());
@@ -602,6 +588,26 @@ fn exact_breakdown(
         lost_events: c.stack_overflow + c.unmatched_exit,
         split_ns,
     }
+}
+
+/// The rows of slot `s` (of `phase`), the longest inclusive time first.
+fn rows_at(input: &CaseInput, s: u32, phase: Phase) -> Vec<ExactRow> {
+    let mut rows: Vec<ExactRow> = input
+        .drained
+        .rows
+        .iter()
+        .filter(|(sl, _, _)| *sl == s)
+        .map(|(_, row, st)| {
+            let mechanism = input
+                .rows
+                .iter()
+                .find(|(r, _)| r == row)
+                .map_or(AttachedBy::Kprobe, |(_, m)| *m);
+            exact_row(*row, st, mechanism, phase)
+        })
+        .collect();
+    rows.sort_by_key(|r| std::cmp::Reverse(r.inclusive_ns));
+    rows
 }
 
 /// The exact categories of one phase: each row's exclusive time less probe cost under its
