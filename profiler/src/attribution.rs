@@ -14,8 +14,8 @@ use crate::{
     matrix::Workload,
     probes::{AttachedBy, CallCost, PROBE_TABLE, Pass, ProbeCost, ProbeStatus},
     report::{
-        CaseReport, Counters, DemotedRow, Exact, ExactRow, OffCpu, OverheadBasis, PassTimes, PhaseReport, Ratio,
-        Sampled, Stats, median_ci,
+        CaseReport, Counters, DemotedRow, Exact, ExactRow, OffCpu, OverheadBasis, PassCost, PassTimes, PhaseReport,
+        Ratio, Sampled, Stats, median_ci,
     },
     symbols::KernelSymbols,
     workload::{PHASES, Phase, PhaseRun},
@@ -916,17 +916,41 @@ fn pass_times(input: &CaseInput, phase: Phase, untraced: Option<Reference>) -> B
                     .filter(|u| u.stats.median >= MIN_RATIO_NS)
                     .and_then(|u| u.ratio(&runs, &wall_ns));
                 let physical_runs = layout_stats(&runs);
+                let probe_cost = untraced
+                    .filter(|_| pass == Pass::Exact)
+                    .and_then(|u| pass_cost(input, phase, &runs, u));
                 (
                     pass,
                     PassTimes {
                         wall_ns,
                         ratio,
                         physical_runs,
+                        probe_cost,
                     },
                 )
             })
         })
         .collect()
+}
+
+/// The exact pass's probe cost over all its iterations `runs` of `phase`: each one's
+/// calibrated hits, and its wall time less the `untraced` line at its layout. None without a
+/// calibration that covers the rows' mechanisms.
+fn pass_cost(input: &CaseInput, phase: Phase, runs: &[(u32, &PhaseRun)], untraced: Reference) -> Option<PassCost> {
+    let mut sum = PassCost::default();
+    for (it, run) in runs {
+        let s = slot(*it, phase);
+        let rows = rows_at(input, s, phase);
+        let hits = Hits {
+            rows: &rows,
+            events: event_hits(&counters_at(input.drained, s)),
+        };
+        sum.calibrated_ns += calibrated_total(&hits, input.cost)? as u64;
+        sum.hits += rows.iter().map(|r| r.calls).sum::<u64>() + hits.events;
+        sum.measured_ns += run.wall_ns as i64 - untraced.at(run.physical_runs) as i64;
+        sum.iterations += 1;
+    }
+    Some(sum)
 }
 
 fn exact_row(row: usize, st: &RowStats, mechanism: AttachedBy, phase: Phase) -> ExactRow {
@@ -1554,6 +1578,51 @@ mod tests {
         let out = case_report(&s.input());
         let sampled = phase_of(&out, Phase::Map).passes[&Pass::Sampled].ratio.unwrap();
         assert!(!sampled.layout_matched && (sampled.median - 77.0 / 71.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_exact_pass_cost_sums_every_iteration_against_its_own_layout() {
+        let it = |map: u64, runs: u64| {
+            let mut r = vec![run(Phase::Map, map)];
+            r[0].physical_runs = Some(runs);
+            r
+        };
+        let mut s = synthetic();
+        s.runs.insert(
+            Pass::Untraced,
+            vec![
+                (0, it(70_000_000, 500)),
+                (1, it(110_000_000, 16_000)),
+                (2, it(70_000_000, 500)),
+            ],
+        );
+        // 5 ms over the line on a contiguous buffer, 8 ms on a scattered one.
+        s.runs.insert(
+            Pass::Exact,
+            vec![(0, it(75_000_000, 500)), (1, it(118_000_000, 16_000))],
+        );
+        s.runs.insert(Pass::Sampled, vec![(2, it(80_000_000, 500))]);
+        s.drained.rows = vec![
+            one_row(slot(0, Phase::Map), "iommu_map", 1_000, 1_000_000),
+            one_row(slot(1, Phase::Map), "iommu_map", 2_000, 2_000_000),
+        ];
+        s.drained.counters.clear();
+        let cost = costs(1_000.0, 4_000.0);
+        let input = CaseInput {
+            cost: Some(&cost),
+            ..s.input()
+        };
+        let out = case_report(&input);
+        let passes = &phase_of(&out, Phase::Map).passes;
+        let c = passes[&Pass::Exact].probe_cost.unwrap();
+        assert_eq!((c.iterations, c.hits), (2, 3_000));
+        assert_eq!(c.calibrated_ns, 12_000_000, "1000 + 2000 kprobe hits at 4 us");
+        assert_eq!(c.measured_ns, 13_000_000);
+        assert!((c.ratio().unwrap() - 12.0 / 13.0).abs() < 1e-9);
+        assert_eq!(passes[&Pass::Sampled].probe_cost, None);
+        // Without a calibration there is nothing to hold the measurement against.
+        let out = case_report(&s.input());
+        assert_eq!(phase_of(&out, Phase::Map).passes[&Pass::Exact].probe_cost, None);
     }
 
     #[test]

@@ -3,6 +3,11 @@
 //! programs on a kernel function it calls, by fentry and by kprobe, and then with the exact
 //! pass's tracepoints (the syscall's entry and exit hit two). Attribution takes that cost out
 //! of the rows where the probe hits landed.
+//!
+//! Under emulation the machine's pace changes by 2x and more from one second to the next, as
+//! much as a probe hit costs, so no time is held against one taken at another moment: each
+//! probed call is timed against an unprobed syscall made right beside it, and the tracepoints
+//! (which every syscall hits) in rounds that attach and detach them by turns.
 use std::time::Instant;
 
 use crate::{
@@ -16,14 +21,16 @@ use crate::{
 /// and it does little, so a probed call's cost stands out.
 const FUNCTION: &str = "__task_pid_nr_ns";
 
-/// Calls per round, and rounds (the fastest round counts: interruptions only add).
-const CALLS: u32 = 1000;
-const ROUNDS: u32 = 3;
+/// Calls timed per measurement (each beside its control call).
+const CALLS: u32 = 3000;
+
+/// Rounds of the tracepoints' cost: each times the syscall detached, then attached.
+const TRACEPOINT_ROUNDS: u32 = 5;
 
 /// Measures each mechanism in `used` (the ones rows and tracepoints attached with). Nothing
 /// is left attached.
 pub fn measure(probes: &mut Probes, symbols: &KernelSymbols, used: &[AttachedBy]) -> ProbeCost {
-    let base = per_call_ns();
+    let base = beside_control_ns();
     let mut cost = ProbeCost::default();
     for by in [AttachedBy::Fentry, AttachedBy::Kprobe]
         .into_iter()
@@ -36,7 +43,7 @@ pub fn measure(probes: &mut Probes, symbols: &KernelSymbols, used: &[AttachedBy]
         }
     }
     if used.contains(&AttachedBy::RawTracepoint) {
-        match tracepoints(probes, base) {
+        match tracepoints(probes) {
             Ok(c) => cost.tracepoint = Some(c),
             Err(why) => cost.errors.push(format!("raw tracepoints on getppid(): {why}")),
         }
@@ -45,15 +52,22 @@ pub fn measure(probes: &mut Probes, symbols: &KernelSymbols, used: &[AttachedBy]
 }
 
 /// The cost of one raw tracepoint hit: getppid() with the exact pass's tracepoints attached
-/// hits its syscall entry and exit.
-fn tracepoints(probes: &mut Probes, base: f64) -> Result<CallCost, AttachError> {
+/// hits its syscall entry and exit. Every syscall hits them, so there is no unprobed call to
+/// time beside it: rounds time it detached and then attached, and the median of the rounds'
+/// differences counts.
+fn tracepoints(probes: &mut Probes) -> Result<CallCost, AttachError> {
     let result = (|| {
-        probes.set_groups(&[Group::Tracepoints])?;
-        probes.set_phase(CALIBRATION_SLOT)?;
-        let traced = per_call_ns();
-        probes.set_phase(0)?;
+        let mut added = Vec::new();
+        for _ in 0..TRACEPOINT_ROUNDS {
+            probes.set_groups(&[])?;
+            let base = median_call_ns(Call::Probed);
+            probes.set_groups(&[Group::Tracepoints])?;
+            probes.set_phase(CALIBRATION_SLOT)?;
+            added.push(median_call_ns(Call::Probed) - base);
+            probes.set_phase(0)?;
+        }
         Ok(CallCost {
-            ns: ((traced - base) / 2.0).max(0.0),
+            ns: (median(&mut added) / 2.0).max(0.0),
             own_share: 0.0,
         })
     })();
@@ -85,14 +99,14 @@ fn one(probes: &mut Probes, symbols: &KernelSymbols, by: AttachedBy, base: f64) 
     let result = (|| {
         probes.attach_calibration(symbols, FUNCTION, by)?;
         probes.set_phase(CALIBRATION_SLOT)?;
-        let traced = per_call_ns();
+        let traced = beside_control_ns();
         probes.set_phase(0)?;
         let st = probes.take_calibration_stats()?;
-        // Every round's calls must have fired (fewer: the function is not what getppid() reaches).
-        if st.calls < u64::from(CALLS * ROUNDS) {
+        // Every call must have fired (fewer: the function is not what getppid() reaches).
+        if st.calls < u64::from(CALLS) {
             return Err(CalibrationError::Missed {
                 seen: st.calls,
-                made: CALLS * ROUNDS,
+                made: CALLS,
             });
         }
         let ns = (traced - base).max(0.0);
@@ -116,22 +130,58 @@ fn one(probes: &mut Probes, symbols: &KernelSymbols, by: AttachedBy, base: f64) 
 /// these writes, 0.76-1.35 with 16 KiB, 0.83-1.47 with 64 KiB, 1.7-3.1 with 1 MiB.
 const COLD_BYTES: usize = 16 << 10;
 
-/// Wall ns per getppid() call, each after [`COLD_BYTES`] of writes (not timed): the fastest of
-/// [`ROUNDS`] rounds of [`CALLS`].
-fn per_call_ns() -> f64 {
+/// The syscalls timed: getppid() reaches [`FUNCTION`]; getuid(), its control, reaches no
+/// probed function and costs about as much.
+#[derive(Clone, Copy)]
+enum Call {
+    Probed,
+    Control,
+}
+
+impl Call {
+    /// Wall ns of one call, after [`COLD_BYTES`] of writes to `cold` (not timed).
+    fn time(self, cold: &mut [u8], fill: u8) -> f64 {
+        cold.fill(fill);
+        std::hint::black_box(&cold);
+        let t = Instant::now();
+        match self {
+            // SAFETY: getppid has no preconditions and cannot fail.
+            Call::Probed => std::hint::black_box(unsafe { libc::getppid() } as u32),
+            // SAFETY: getuid has no preconditions and cannot fail.
+            Call::Control => std::hint::black_box(unsafe { libc::getuid() }),
+        };
+        t.elapsed().as_nanos() as f64
+    }
+}
+
+/// How much longer a getppid() call takes than a getuid() call made right beside it (the
+/// median over [`CALLS`] pairs, which comes first taking turns): whatever the machine's pace
+/// does to both cancels, and an interrupted call is an outlier the median leaves out.
+fn beside_control_ns() -> f64 {
     let mut cold = vec![0u8; COLD_BYTES];
-    (0..ROUNDS)
-        .map(|round| {
-            let mut spent = std::time::Duration::ZERO;
-            for i in 0..CALLS {
-                cold.fill((round + i) as u8);
-                std::hint::black_box(&cold);
-                let t = Instant::now();
-                // SAFETY: getppid has no preconditions and cannot fail.
-                std::hint::black_box(unsafe { libc::getppid() });
-                spent += t.elapsed();
+    let mut d: Vec<f64> = (0..CALLS)
+        .map(|i| {
+            let fill = i as u8;
+            if i % 2 == 0 {
+                let probed = Call::Probed.time(&mut cold, fill);
+                probed - Call::Control.time(&mut cold, fill)
+            } else {
+                let control = Call::Control.time(&mut cold, fill);
+                Call::Probed.time(&mut cold, fill) - control
             }
-            spent.as_nanos() as f64 / f64::from(CALLS)
         })
-        .fold(f64::INFINITY, f64::min)
+        .collect();
+    median(&mut d)
+}
+
+/// The median wall ns of [`CALLS`] calls of `call`, each after [`COLD_BYTES`] of writes.
+fn median_call_ns(call: Call) -> f64 {
+    let mut cold = vec![0u8; COLD_BYTES];
+    let mut t: Vec<f64> = (0..CALLS).map(|i| call.time(&mut cold, i as u8)).collect();
+    median(&mut t)
+}
+
+/// The median of `v` (0 when empty).
+fn median(v: &mut [f64]) -> f64 {
+    crate::layout::median(v).unwrap_or(0.0)
 }
