@@ -1526,18 +1526,21 @@ mod tests {
         assert!(out.report.phases.iter().all(|p| p.name != Phase::Touch));
     }
 
+    /// An iteration whose map takes `map` ns on a buffer in `runs` physical runs.
+    fn laid_out(map: u64, runs: u64) -> Vec<PhaseRun> {
+        let mut r = vec![run(Phase::Mmap, 999_999), run(Phase::Map, map), run(Phase::Unmap, 50)];
+        for p in &mut r {
+            p.physical_runs = Some(runs);
+        }
+        r
+    }
+
     #[test]
     fn traced_iterations_are_held_against_untraced_ones_laid_out_alike() {
         // As in the guest: iterations alternate between a contiguous buffer (500 runs, 70 ms)
         // and a scattered one (16000 runs, 110 ms). An exact iteration on a scattered buffer
         // is 5 ms over what an untraced one takes there, though 40 ms over the median.
-        let it = |map: u64, runs: u64| {
-            let mut r = vec![run(Phase::Mmap, 999_999), run(Phase::Map, map), run(Phase::Unmap, 50)];
-            for p in &mut r {
-                p.physical_runs = Some(runs);
-            }
-            r
-        };
+        let it = laid_out;
         let mut s = synthetic();
         s.runs.insert(
             Pass::Untraced,
@@ -1582,20 +1585,11 @@ mod tests {
 
     #[test]
     fn the_exact_pass_cost_sums_every_iteration_against_its_own_layout() {
-        let it = |map: u64, runs: u64| {
-            let mut r = vec![run(Phase::Map, map)];
-            r[0].physical_runs = Some(runs);
-            r
-        };
+        let it = laid_out;
+        let untraced = [(70_000_000, 500), (110_000_000, 16_000), (70_000_000, 500)];
         let mut s = synthetic();
-        s.runs.insert(
-            Pass::Untraced,
-            vec![
-                (0, it(70_000_000, 500)),
-                (1, it(110_000_000, 16_000)),
-                (2, it(70_000_000, 500)),
-            ],
-        );
+        s.runs
+            .insert(Pass::Untraced, (0..).zip(untraced.map(|(m, r)| it(m, r))).collect());
         // 5 ms over the line on a contiguous buffer, 8 ms on a scattered one.
         s.runs.insert(
             Pass::Exact,
