@@ -1847,10 +1847,10 @@ const KEEP_ITERATIONS: u32 = 7;
 /// How far the calibrated probe cost may be from the measured one (the exact pass's wall
 /// time less the untraced line at each iteration's layout) where every row stays attached: a
 /// factor, either way. Under TCG, with the calibration timed beside a control syscall, six
-/// runs of 7 + 7 in three boots read 0.81-1.08 on the map and 0.76-1.60 on the unmap, a fourth
-/// boot 0.40 and 0.48: its machine ran the untraced iterations at half the speed of the
-/// others', and a hit costs more on a slower machine than the calibration, taken at start,
-/// saw. A mechanism the estimate leaves out (the tracepoints' hits did, once) read 10x.
+/// runs of 7 + 7 in three boots read 0.81-1.08 on the map and 0.76-1.60 on the unmap, two
+/// other boots 0.40-0.48: their machines ran the untraced iterations at about half the
+/// others' speed, and a hit costs more on a slower machine than the calibration, taken at
+/// start, saw. A mechanism the estimate leaves out (the tracepoints' hits did, once) read 10x.
 const ESTIMATE_FACTOR: f64 = 3.0;
 
 /// The calibrated probe cost against the measured one over the exact pass of a run that
