@@ -404,13 +404,6 @@ pub struct PassCost {
     pub measured_ns: i64,
 }
 
-impl PassCost {
-    /// Calibrated over measured (None where the measured cost is not positive).
-    pub fn ratio(&self) -> Option<f64> {
-        (self.measured_ns > 0).then(|| self.calibrated_ns as f64 / self.measured_ns as f64)
-    }
-}
-
 /// A ratio with its spread.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Ratio {
