@@ -926,6 +926,11 @@ impl Probes {
         Ok(changed)
     }
 
+    /// Whether any probe-table row is attached now.
+    pub fn rows_linked(&self) -> bool {
+        self.hooks.iter().any(|h| h.group == Group::Rows && h.link.is_some())
+    }
+
     /// Leaves rows `rows` (indices into [`PROBE_TABLE`]) detached from the next
     /// [`Probes::set_groups`] on, even in a group that is attached: their hits would cost more
     /// than the phase can carry. An empty list attaches every row again.

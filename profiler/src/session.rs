@@ -195,6 +195,10 @@ impl Session {
                 }
             }
         }
+        // The last case may have left its exact pass's rows attached (see `Turn`).
+        if let Some(p) = tracing.probes.as_deref_mut() {
+            self.timed(Spend::Switching, || p.set_groups(&[]))?;
+        }
         report.sweeps = crate::sweep::fit_all(&report.cases);
         report.timing.spent = self.spent.borrow().clone();
         eprintln!("dmaprof: {}", report.timing.spent.summary());
@@ -406,16 +410,17 @@ impl Session {
             ),
             None => None,
         };
-        // After a scout the rows are attached right before the passes start: the exact pass
-        // goes first, so no untraced iteration follows the rows' detaching (under emulation the
-        // patched kernel text is translated again on its next run, an outlier for whoever runs
-        // it).
         let scouting = probes.is_some() && cost.is_some() && self.opts.passes.contains(&Pass::Exact);
-        let mut order = self.opts.passes.clone();
-        if let Some(at) = order.iter().position(|p| *p == Pass::Exact).filter(|_| scouting) {
-            order.rotate_left(at);
-        }
-        let steps = schedule(&order, self.opts.iterations, self.opts.traced_iterations);
+        let turn = match probes.as_deref() {
+            Some(p) if scouting && p.rows_linked() => Turn::ExactFirst,
+            _ if scouting => Turn::ExactLast,
+            _ => Turn::Unscouted,
+        };
+        let steps = case_steps(
+            &self.opts.passes,
+            (self.opts.iterations, self.opts.traced_iterations),
+            turn,
+        );
         eprintln!("dmaprof: {} ({} iterations x {size})", case.name(), steps.len());
         let mut dma = self.dma_context(case, size)?;
         self.spent.borrow_mut().add(Spend::Opening, opening.elapsed());
@@ -424,41 +429,39 @@ impl Session {
             size,
             thp: self.opts.thp,
         };
-        // Warm up and discard: first touches of fresh (or freshly reserved) memory are many
-        // times slower and would make every first iteration an outlier.
-        // Whatever an earlier case left attached (it may have failed mid-pass) comes off.
+        // What an earlier case left attached comes off (it may have failed mid-pass), except
+        // the rows of an exact pass that came last: this case's own comes first.
         if let Some(p) = probes.as_deref_mut() {
-            self.timed(Spend::Switching, || p.set_groups(&[]))
-                .map_err(CaseError::Probes)?;
             p.set_case(case.mode);
+            let groups = if turn == Turn::ExactFirst {
+                Pass::Exact.groups()
+            } else {
+                &[]
+            };
+            self.timed(Spend::Switching, || p.set_groups(groups))
+                .map_err(CaseError::Probes)?;
         }
-        let scout = probes.as_deref_mut().filter(|_| scouting).zip(cost);
-        let mut demotion = match self.warm_up(&workload, dma.as_mut(), scout, control)? {
-            Ok(d) => d,
-            Err(e) => {
-                return Ok(CaseRuns {
-                    runs: PassRuns::new(),
-                    pace: Vec::new(),
-                    failure: Some(e),
-                    demotion: Demotion::default(),
+        let mut demotion = Demotion::default();
+        let (runs, pace, failure) = match self.warm_up(&workload, dma.as_mut(), turn, control) {
+            Ok(untraced) => {
+                let scout = cost.filter(|_| scouting).map(|cost| Scout {
+                    demotion: &mut demotion,
+                    cost,
+                    pending: Some(untraced),
                 });
+                let current = if turn == Turn::ExactFirst {
+                    Pass::Exact
+                } else {
+                    Pass::Untraced
+                };
+                let dma = dma.as_mut();
+                self.run_steps(&workload, (&steps, current), probes.as_deref_mut(), dma, scout, control)?
             }
+            Err(e) => (PassRuns::new(), Vec::new(), Some(e)),
         };
-        // A scout leaves the exact pass's probes attached (see `warm_up`).
-        let current = if scouting { Pass::Exact } else { Pass::Untraced };
-        let redo = cost.filter(|_| scouting).map(|cost| Redo {
-            demotion: &mut demotion,
-            cost,
-        });
-        let (runs, pace, failure) = self.run_steps(
-            &workload,
-            (&steps, current),
-            probes.as_deref_mut(),
-            dma.as_mut(),
-            redo,
-            control,
-        )?;
-        if let Some(p) = probes.filter(|_| failure.is_none()) {
+        // An exact pass that came last leaves its rows for the next case's to start with.
+        let keep_rows = turn == Turn::ExactLast && failure.is_none();
+        if let Some(p) = probes.filter(|_| failure.is_none() && !keep_rows) {
             self.timed(Spend::Switching, || p.set_groups(&[]))
                 .map_err(CaseError::Probes)?;
         }
@@ -472,22 +475,30 @@ impl Session {
     }
 
     /// Runs the passes' iterations in `steps` order (from the `current` pass's probes) into
-    /// `runs`, switching probes (and priming after a switch) where the pass changes; an exact
-    /// iteration that outgrew its scout (`redo`) runs once more with more rows demoted.
-    /// Returns the failure that stopped them.
+    /// `runs`, switching probes (and priming after a switch) where the pass changes; a pending
+    /// `scout` runs before the first exact iteration. Returns the failure that stopped them.
     fn run_steps(
         &self,
         workload: &Workload,
         (steps, mut current): (&[(Pass, u32)], Pass),
         mut probes: Option<&mut Probes>,
         mut dma: Option<&mut DmaContext>,
-        mut redo: Option<Redo<'_>>,
+        mut scout: Option<Scout<'_>>,
         control: &Control,
     ) -> Result<(PassRuns, Vec<u64>, Option<WorkloadError>), CaseError> {
         let case = &workload.case;
         let mut runs = PassRuns::new();
         let (mut pace, mut paces) = (Pace::new(), Vec::new());
         for &(pass, index) in steps {
+            if let (Some(p), Some(s)) = (probes.as_deref_mut(), scout.as_mut())
+                && pass == Pass::Exact
+                && let Some(untraced) = s.pending.take()
+            {
+                if let Err(e) = self.scout(p, s, &untraced, workload, dma.as_deref_mut(), control)? {
+                    return Ok((runs, paces, Some(e)));
+                }
+                current = Pass::Exact;
+            }
             if let Some(p) = probes.as_deref_mut().filter(|_| pass != current) {
                 control.enter(Stage::Switching(case.name(), pass));
                 current = pass;
@@ -495,42 +506,67 @@ impl Session {
                     return Ok((runs, paces, Some(e)));
                 }
             }
-            // The untraced pass switches no phase slot: not even a map update may touch it.
-            let slot_iteration = self.slot_iteration(pass, index);
             if pass == Pass::Untraced {
                 paces.push(pace.take());
             }
-            let mut again = pass == Pass::Exact && redo.is_some();
-            loop {
-                let traced = probes.as_deref_mut().filter(|_| slot_iteration.is_some());
-                let mut obs = SlotObserver::new(traced, slot_iteration.unwrap_or(0), control, case);
-                let r = self.timed(Spend::Iteration(pass), || {
-                    workload::run_iteration(workload, dma.as_deref_mut(), &mut obs, control.cancel_flag())
-                });
-                if let Some(e) = obs.error.take() {
-                    return Err(CaseError::Probes(e));
+            let step = (pass, index);
+            match self.run_step(
+                workload,
+                step,
+                probes.as_deref_mut(),
+                dma.as_deref_mut(),
+                scout.as_mut(),
+                control,
+            )? {
+                Ok(r) => {
+                    let at = self.slot_iteration(pass, index).unwrap_or(index);
+                    runs.entry(pass).or_default().push((at, r));
                 }
-                let r = match r {
-                    Ok(r) => r,
-                    Err(e) => return Ok((runs, paces, Some(e))),
-                };
-                let outgrown = match (again, probes.as_deref_mut(), redo.as_mut()) {
-                    (true, Some(p), Some(redo)) => {
-                        self.outgrown(p, redo, (index, r.as_slice()), workload, dma.as_deref_mut(), control)?
-                    }
-                    _ => Ok(false),
-                };
-                match outgrown {
-                    Ok(true) => again = false,
-                    Ok(false) => {
-                        runs.entry(pass).or_default().push((slot_iteration.unwrap_or(index), r));
-                        break;
-                    }
-                    Err(e) => return Ok((runs, paces, Some(e))),
-                }
+                Err(e) => return Ok((runs, paces, Some(e))),
             }
         }
         Ok((runs, paces, None))
+    }
+
+    /// Runs iteration `index` of `pass`; an exact one that outgrew its `scout` runs once more
+    /// with more rows demoted.
+    fn run_step(
+        &self,
+        workload: &Workload,
+        (pass, index): (Pass, u32),
+        mut probes: Option<&mut Probes>,
+        mut dma: Option<&mut DmaContext>,
+        mut scout: Option<&mut Scout<'_>>,
+        control: &Control,
+    ) -> Result<Result<Vec<PhaseRun>, WorkloadError>, CaseError> {
+        // The untraced pass switches no phase slot: not even a map update may touch it.
+        let slot_iteration = self.slot_iteration(pass, index);
+        let mut again = pass == Pass::Exact && scout.is_some();
+        loop {
+            let traced = probes.as_deref_mut().filter(|_| slot_iteration.is_some());
+            let mut obs = SlotObserver::new(traced, slot_iteration.unwrap_or(0), control, &workload.case);
+            let r = self.timed(Spend::Iteration(pass), || {
+                workload::run_iteration(workload, dma.as_deref_mut(), &mut obs, control.cancel_flag())
+            });
+            if let Some(e) = obs.error.take() {
+                return Err(CaseError::Probes(e));
+            }
+            let r = match r {
+                Ok(r) => r,
+                Err(e) => return Ok(Err(e)),
+            };
+            let outgrown = match (again, probes.as_deref_mut(), scout.as_deref_mut()) {
+                (true, Some(p), Some(s)) => {
+                    self.outgrown(p, s, (index, r.as_slice()), workload, dma.as_deref_mut(), control)?
+                }
+                _ => Ok(false),
+            };
+            match outgrown {
+                Ok(true) => again = false,
+                Ok(false) => return Ok(Ok(r)),
+                Err(e) => return Ok(Err(e)),
+            }
+        }
     }
 
     /// Whether exact iteration `index` (its phases `walls`) outgrew the scout (see
@@ -539,7 +575,7 @@ impl Session {
     fn outgrown(
         &self,
         p: &mut Probes,
-        redo: &mut Redo<'_>,
+        redo: &mut Scout<'_>,
         (index, walls): (u32, &[PhaseRun]),
         workload: &Workload,
         dma: Option<&mut DmaContext>,
@@ -571,37 +607,52 @@ impl Session {
         (self.opts.demote_above, min_phase_ns)
     }
 
-    /// Runs two discarded iterations: a warm-up and, before an exact pass with a calibrated
-    /// probe cost (`scout`), a scout with every row attached (the rows whose hits would cost a
-    /// syscall phase more than it can carry are demoted for this case), else a second warm-up.
+    /// Runs the discarded warm-up: first touches of fresh (or freshly reserved) memory are
+    /// many times slower and would make every first iteration an outlier. Returns its phases
+    /// where they ran untraced (for the scout to judge the rows against), else none.
     fn warm_up(
         &self,
         workload: &Workload,
-        dma: Option<&mut DmaContext>,
-        scout: Option<(&mut Probes, &ProbeCost)>,
+        mut dma: Option<&mut DmaContext>,
+        turn: Turn,
         control: &Control,
-    ) -> Result<Result<Demotion, WorkloadError>, CaseError> {
-        let case = &workload.case;
-        let mut warm = SlotObserver::new(None, 0, control, case);
-        let mut dma = dma;
-        let first = self.timed(Spend::WarmUp, || {
-            workload::run_iteration(workload, dma.as_deref_mut(), &mut warm, control.cancel_flag())
-        });
-        let untraced = match first {
-            Ok(w) => w,
-            Err(e) => return Ok(Err(e)),
-        };
-        // The scout runs on memory the warm-up has used and freed, as every later iteration
-        // does: on fresh memory the pages come physically contiguous and a 4 KiB buffer makes
-        // far fewer DMA chunks than it will. Without a scout a second warm-up takes its place,
-        // so that every run measures after the same allocation history (how contiguous the
-        // pages come, and so how many DMA chunks, depends on it).
-        let Some((p, cost)) = scout else {
-            let r = self.timed(Spend::WarmUp, || {
+    ) -> Result<Vec<PhaseRun>, WorkloadError> {
+        let mut warm = SlotObserver::new(None, 0, control, &workload.case);
+        let mut run = |dma: Option<&mut DmaContext>| {
+            self.timed(Spend::WarmUp, || {
                 workload::run_iteration(workload, dma, &mut warm, control.cancel_flag())
-            });
-            return Ok(r.map(|_| Demotion::default()));
+            })
         };
+        let first = run(dma.as_deref_mut())?;
+        match turn {
+            // The rows of the case before are still attached.
+            Turn::ExactFirst => Ok(Vec::new()),
+            Turn::ExactLast => Ok(first),
+            // A second warm-up takes the scout's place, so that every run measures after the
+            // same allocation history (how contiguous the pages come, and so how many DMA
+            // chunks, depends on it).
+            Turn::Unscouted => run(dma).map(|_| first),
+        }
+    }
+
+    /// Runs the scout: one discarded iteration with every row attached. The rows whose hits
+    /// would cost a syscall phase more than it can carry (judged against the scout's own time
+    /// less the calibrated cost, and the `untraced` warm-up's) are demoted for this case; the
+    /// exact pass's probes stay attached.
+    ///
+    /// The scout runs on memory the warm-up has used and freed, as every later iteration does:
+    /// on fresh memory the pages come physically contiguous and a 4 KiB buffer makes far fewer
+    /// DMA chunks than it will.
+    fn scout(
+        &self,
+        p: &mut Probes,
+        s: &mut Scout<'_>,
+        untraced: &[PhaseRun],
+        workload: &Workload,
+        mut dma: Option<&mut DmaContext>,
+        control: &Control,
+    ) -> Result<Result<(), WorkloadError>, CaseError> {
+        let case = &workload.case;
         control.enter(Stage::Switching(case.name(), Pass::Exact));
         p.set_demoted(&[]);
         let scout_groups = [Group::Rows, Group::Tracepoints, Group::Scout, Group::Switches];
@@ -616,7 +667,11 @@ impl Session {
         if let Some(e) = obs.error.take() {
             return Err(CaseError::Probes(e));
         }
-        let drained = p.drain(attribution::slots(1)).map_err(CaseError::Probes)?;
+        // Only its own slots: a sampled pass that ran before it keeps its samples.
+        let seen = p.peek(attribution::iteration_slots(0)).map_err(CaseError::Probes)?;
+        for slot in attribution::iteration_slots(0) {
+            p.discard_slot(slot).map_err(CaseError::Probes)?;
+        }
         let walls = match r {
             Ok(w) => w,
             Err(e) => {
@@ -624,16 +679,14 @@ impl Session {
                 return Ok(Err(e));
             }
         };
-        let demotion = attribution::demotions(&drained, &walls, &untraced, &p.attached_rows(), cost, self.limits());
-        for line in demotion.describe() {
+        *s.demotion = attribution::demotions(&seen, &walls, untraced, &p.attached_rows(), s.cost, self.limits());
+        for line in s.demotion.describe() {
             eprintln!("dmaprof: {}: {line}", case.name());
         }
-        // The exact pass comes next: only the demoted rows come off. Re-attaching everything
-        // would patch the kernel text again, which emulation pays for on the next run.
-        p.set_demoted(&demotion.rows());
-        Ok(self
-            .switch(p, Pass::Exact.groups(), workload, dma, control)?
-            .map(|()| demotion))
+        // Only the demoted rows come off. Re-attaching everything would patch the kernel
+        // text again, which emulation pays for on the next run.
+        p.set_demoted(&s.demotion.rows());
+        self.switch(p, Pass::Exact.groups(), workload, dma, control)
     }
 
     /// Keeps `groups` attached and, where that attached or detached anything, runs one
@@ -740,11 +793,54 @@ fn leaks_of(before: &Held, name: &str) -> Vec<report::Leak> {
     leaks
 }
 
-/// What an exact iteration that outgrew its scout needs to run again: the case's demotions,
-/// which it adds to, and the calibrated cost per hit.
-struct Redo<'a> {
+/// The scout of a case's exact pass and what it decided: the rows it demoted (an exact
+/// iteration that outgrew it adds to them) and the calibrated cost per hit.
+struct Scout<'a> {
     demotion: &'a mut Demotion,
     cost: &'a ProbeCost,
+    /// The warm-up's phases (none where it ran traced), until the scout has run.
+    pending: Option<Vec<PhaseRun>>,
+}
+
+/// Where a case's exact pass goes. Attaching or detaching the rows patches the kernel once per
+/// row, about 30 ms each under emulation, so cases take turns: one ends with its exact pass
+/// and leaves the rows attached, the next starts with its own. Each case then attaches or
+/// detaches them once instead of both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Turn {
+    /// The rows are attached (from the case before): the exact pass comes first.
+    ExactFirst,
+    /// The exact pass comes last and leaves the rows attached.
+    ExactLast,
+    /// No scout, no exact pass with rows to keep (or no calibrated cost).
+    Unscouted,
+}
+
+/// The order of a case's iterations ([`schedule`]): in `turn` [`Turn::ExactFirst`] the
+/// rotation starts with the exact pass, in [`Turn::ExactLast`] the same order runs backwards.
+fn case_steps(passes: &[Pass], (untraced, traced): (u32, u32), turn: Turn) -> Vec<(Pass, u32)> {
+    let mut order = passes.to_vec();
+    if let Some(at) = order
+        .iter()
+        .position(|p| *p == Pass::Exact)
+        .filter(|_| turn != Turn::Unscouted)
+    {
+        order.rotate_left(at);
+    }
+    let steps = schedule(&order, untraced, traced);
+    if turn != Turn::ExactLast {
+        return steps;
+    }
+    // Backwards, each pass's iterations still counted up from 0.
+    let mut next: Vec<(Pass, u32)> = Vec::new();
+    let mut count = |pass: Pass| match next.iter_mut().find(|(p, _)| *p == pass) {
+        Some((_, n)) => std::mem::replace(n, *n + 1),
+        None => {
+            next.push((pass, 1));
+            0
+        }
+    };
+    steps.iter().rev().map(|&(pass, _)| (pass, count(pass))).collect()
 }
 
 /// The probes of a traced run and what they measure.
@@ -913,6 +1009,20 @@ mod tests {
         assert_eq!(schedule(&[U], 2, 9), [(U, 0), (U, 1)]);
         assert_eq!(schedule(&[E, S], 5, 1), [(E, 0), (S, 0)]);
         assert!(schedule(&[], 3, 3).is_empty());
+    }
+
+    #[test]
+    fn cases_take_turns_at_keeping_the_rows() {
+        use Pass::{Exact as E, Sampled as S, Untraced as U};
+        let passes = [U, E, S];
+        let first = case_steps(&passes, (3, 2), Turn::ExactFirst);
+        assert_eq!(first, [(E, 0), (S, 0), (U, 0), (S, 1), (U, 1), (E, 1), (U, 2)]);
+        let last = case_steps(&passes, (3, 2), Turn::ExactLast);
+        assert_eq!(last, [(U, 0), (E, 0), (U, 1), (S, 0), (U, 2), (S, 1), (E, 1)]);
+        assert_eq!(
+            case_steps(&passes, (2, 1), Turn::Unscouted),
+            [(U, 0), (E, 0), (S, 0), (U, 1)]
+        );
     }
 
     #[test]
