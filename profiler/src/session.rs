@@ -492,9 +492,9 @@ impl Session {
         for &(pass, index) in steps {
             if let (Some(p), Some(s)) = (probes.as_deref_mut(), scout.as_mut())
                 && pass == Pass::Exact
-                && let Some(untraced) = s.pending.take()
+                && let Some(warm) = s.pending.take()
             {
-                if let Err(e) = self.scout(p, s, &untraced, workload, dma.as_deref_mut(), control)? {
+                if let Err(e) = self.scout(p, s, &warm, workload, dma.as_deref_mut(), control)? {
                     return Ok((runs, paces, Some(e)));
                 }
                 current = Pass::Exact;
@@ -608,8 +608,8 @@ impl Session {
     }
 
     /// Runs the discarded warm-up: first touches of fresh (or freshly reserved) memory are
-    /// many times slower and would make every first iteration an outlier. Returns its phases
-    /// where they ran untraced (for the scout to judge the rows against), else none.
+    /// many times slower and would make every first iteration an outlier. Returns its phases,
+    /// for the scout to judge the rows against.
     fn warm_up(
         &self,
         workload: &Workload,
@@ -625,9 +625,9 @@ impl Session {
         };
         let first = run(dma.as_deref_mut())?;
         match turn {
-            // The rows of the case before are still attached.
-            Turn::ExactFirst => Ok(Vec::new()),
-            Turn::ExactLast => Ok(first),
+            // With the rows of the case before attached it took longer than untraced, which
+            // still bounds what the scout's phases less their probe cost can be.
+            Turn::ExactFirst | Turn::ExactLast => Ok(first),
             // A second warm-up takes the scout's place, so that every run measures after the
             // same allocation history (how contiguous the pages come, and so how many DMA
             // chunks, depends on it).
@@ -637,7 +637,7 @@ impl Session {
 
     /// Runs the scout: one discarded iteration with every row attached. The rows whose hits
     /// would cost a syscall phase more than it can carry (judged against the scout's own time
-    /// less the calibrated cost, and the `untraced` warm-up's) are demoted for this case; the
+    /// less the calibrated cost, and the `warm` warm-up's) are demoted for this case; the
     /// exact pass's probes stay attached.
     ///
     /// The scout runs on memory the warm-up has used and freed, as every later iteration does:
@@ -647,7 +647,7 @@ impl Session {
         &self,
         p: &mut Probes,
         s: &mut Scout<'_>,
-        untraced: &[PhaseRun],
+        warm: &[PhaseRun],
         workload: &Workload,
         mut dma: Option<&mut DmaContext>,
         control: &Control,
@@ -679,7 +679,7 @@ impl Session {
                 return Ok(Err(e));
             }
         };
-        *s.demotion = attribution::demotions(&seen, &walls, untraced, &p.attached_rows(), s.cost, self.limits());
+        *s.demotion = attribution::demotions(&seen, &walls, warm, &p.attached_rows(), s.cost, self.limits());
         for line in s.demotion.describe() {
             eprintln!("dmaprof: {}: {line}", case.name());
         }
@@ -798,7 +798,7 @@ fn leaks_of(before: &Held, name: &str) -> Vec<report::Leak> {
 struct Scout<'a> {
     demotion: &'a mut Demotion,
     cost: &'a ProbeCost,
-    /// The warm-up's phases (none where it ran traced), until the scout has run.
+    /// The warm-up's phases, until the scout has run.
     pending: Option<Vec<PhaseRun>>,
 }
 
