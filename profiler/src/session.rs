@@ -442,7 +442,7 @@ impl Session {
                 .map_err(CaseError::Probes)?;
         }
         let mut demotion = Demotion::default();
-        let (runs, pace, failure) = match self.warm_up(&workload, dma.as_mut(), turn, control) {
+        let (runs, pace, failure) = match self.warm_up(&workload, dma.as_mut(), control) {
             Ok(untraced) => {
                 let scout = cost.filter(|_| scouting).map(|cost| Scout {
                     demotion: &mut demotion,
@@ -609,30 +609,24 @@ impl Session {
 
     /// Runs the discarded warm-up: first touches of fresh (or freshly reserved) memory are
     /// many times slower and would make every first iteration an outlier. Returns its phases,
-    /// for the scout to judge the rows against.
+    /// for the scout to judge the rows against (run with the exact rows of the case before
+    /// attached it took longer than untraced, which still bounds what the scout's phases less
+    /// their probe cost can be).
+    ///
+    /// One warm-up, whatever the passes: a buffer is laid out like the one two iterations
+    /// before it (see [`case_steps`]), so the untraced iterations' majority of five falls on the
+    /// same layout only where as many iterations precede them modulo two. In every turn the
+    /// first untraced iteration is the case's second, fourth or later even one.
     fn warm_up(
         &self,
         workload: &Workload,
-        mut dma: Option<&mut DmaContext>,
-        turn: Turn,
+        dma: Option<&mut DmaContext>,
         control: &Control,
     ) -> Result<Vec<PhaseRun>, WorkloadError> {
         let mut warm = SlotObserver::new(None, 0, control, &workload.case);
-        let mut run = |dma: Option<&mut DmaContext>| {
-            self.timed(Spend::WarmUp, || {
-                workload::run_iteration(workload, dma, &mut warm, control.cancel_flag())
-            })
-        };
-        let first = run(dma.as_deref_mut())?;
-        match turn {
-            // With the rows of the case before attached it took longer than untraced, which
-            // still bounds what the scout's phases less their probe cost can be.
-            Turn::ExactFirst | Turn::ExactLast => Ok(first),
-            // A second warm-up takes the scout's place, so that every run measures after the
-            // same allocation history (how contiguous the pages come, and so how many DMA
-            // chunks, depends on it).
-            Turn::Unscouted => run(dma).map(|_| first),
-        }
+        self.timed(Spend::WarmUp, || {
+            workload::run_iteration(workload, dma, &mut warm, control.cancel_flag())
+        })
     }
 
     /// Runs the scout: one discarded iteration with every row attached. The rows whose hits

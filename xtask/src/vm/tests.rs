@@ -2008,7 +2008,7 @@ fn record_run_checks(dir: &Path) -> Outcome {
 /// The case the recorded runs run.
 const RECORD_CASE: &str = "vfio_type1_iommu_anonymous.none";
 
-/// A recording of a `dmaprof run --no-trace -n 3` (two discarded iterations, then three)
+/// A recording of a `dmaprof run --no-trace -n 3` (a discarded warm-up, then three)
 /// against that run's own report.
 fn recorded_run(dir: &Path, recording: &str, run_report: &str) -> Outcome {
     let rec = read_json(dir, recording)?;
@@ -2029,8 +2029,8 @@ fn recorded_run(dir: &Path, recording: &str, run_report: &str) -> Outcome {
         .as_array()
         .map(|r| r.iter().map(ns).collect::<Vec<_>>())
         .unwrap_or_default();
-    // The run's two discarded iterations (warm-up, second warm-up) map too: skip them.
-    let (recorded, reported) = (median(maps.get(2..).unwrap_or_default()), median(&own));
+    // The run's discarded warm-up maps too: skip it.
+    let (recorded, reported) = (median(maps.get(1..).unwrap_or_default()), median(&own));
     let off = (recorded / reported - 1.0).abs();
     let note = format!(
         "{} maps, median {:.2} ms vs the run's own {:.2} ms",
@@ -2038,7 +2038,7 @@ fn recorded_run(dir: &Path, recording: &str, run_report: &str) -> Outcome {
         recorded / 1e6,
         reported / 1e6
     );
-    if maps.len() != 5 || own.len() != 3 || off > 0.10 {
+    if maps.len() != 4 || own.len() != 3 || off > 0.10 {
         return Err(format!(
             "{recording} disagrees with {run_report} ({:.0}% apart): {note}",
             off * 100.0
