@@ -2010,7 +2010,7 @@ mod tests {
         });
         let e = &out.report.phases.iter().find(|p| p.name == Phase::Map).unwrap().exact;
         assert_eq!(e.categories[&Category::IommuMap], 6_000_000);
-        assert_eq!(e.categories[&Category::Other], 2_000_000);
+        assert_eq!(e.categories[&Category::Bookkeeping], 2_000_000);
         assert_eq!(e.split_ns, 8_000_000);
         assert_eq!(e.probe_hits, 1, "a demoted row has no hits");
         let demoted = e.rows.iter().find(|r| r.function == "iommu_map").unwrap();

@@ -48,9 +48,13 @@ pub enum Category {
     Unpinning,
     /// Unmapping and freeing pages (munmap: zapping PTEs, TLB flush, returning folios).
     Release,
+    /// VFIO type1's and iommufd's own work around the pin, map and accounting calls: the
+    /// ioctl handlers, the DMA and area objects and their trees, the loops over chunks and
+    /// domains.
+    Bookkeeping,
     /// User-space execution (no kernel frames in the sample).
     User,
-    /// Everything else.
+    /// Everything else: syscall entry and exit, ioctl dispatch, kernel code no rule names.
     Other,
 }
 
@@ -65,6 +69,7 @@ pub const CATEGORIES: &[Category] = &[
     Category::IommuLookup,
     Category::Unpinning,
     Category::Release,
+    Category::Bookkeeping,
     Category::User,
     Category::Other,
 ];
@@ -82,6 +87,7 @@ impl Category {
             Category::Accounting => "acct",
             Category::IommuLookup => "lookup",
             Category::Unpinning => "unpin",
+            Category::Bookkeeping => "bookkeep",
             other => other.name(),
         }
     }
@@ -90,7 +96,7 @@ impl Category {
 impl Category {
     /// Its colour, in the flamegraphs and the HTML report alike: Paul Tol's "light" scheme
     /// (made for black text on coloured cells, distinguishable with the common colour-vision
-    /// deficiencies) plus a light purple and two greys. The categories that share a phase get
+    /// deficiencies) plus a light purple, a tan and two greys. The categories that share a phase get
     /// colours far apart (the map phase's six, the unmap phase's five); release's olive is near
     /// unpinning's pear, but release is alone in munmap and close.
     pub fn color(self) -> (u8, u8, u8) {
@@ -104,6 +110,7 @@ impl Category {
             Category::IommuLookup => (0x99, 0xdd, 0xff),
             Category::Unpinning => (0xbb, 0xcc, 0x33),
             Category::Release => (0xaa, 0xaa, 0x00),
+            Category::Bookkeeping => (0xcc, 0xaa, 0x88),
             Category::User => (0xbb, 0xbb, 0xbb),
             Category::Other => (0xdd, 0xdd, 0xdd),
         }
@@ -251,6 +258,11 @@ pub const CATEGORY_RULES: &[(&str, Category)] = &[
     ("free_huge_folio", Category::Release),
     ("__folio_put", Category::Release),
     ("release_pages", Category::Release),
+    // Bookkeeping: whatever of VFIO type1's and iommufd's own code the rows above do not
+    // name. Last, so that every specific row before it wins.
+    ("vfio_*", Category::Bookkeeping),
+    ("iommufd_*", Category::Bookkeeping),
+    ("iopt_*", Category::Bookkeeping),
 ];
 
 /// Rules that look past the leaf-most known frame: (category found, an outer frame, the
@@ -312,8 +324,8 @@ fn unclone(function: &str) -> &str {
     function.split_once('.').map_or(function, |(f, _)| f)
 }
 
-/// Category of a probed function's exclusive time: the table's, or `other` (the syscall's own
-/// work: ioctl dispatch, the VFIO/iommufd bookkeeping between the probed calls).
+/// Category of a probed function's exclusive time: the table's, or `other` (code no rule
+/// names).
 pub fn of_function(function: &str) -> Category {
     category_of(function).unwrap_or(Category::Other)
 }
@@ -507,6 +519,35 @@ mod tests {
             classify(["free_unref_folios", "folios_put_refs", "tlb_flush_mmu", "unmap_vmas"]),
             Category::Release
         );
+    }
+
+    #[test]
+    fn the_drivers_own_code_is_bookkeeping_and_syscall_entry_other() {
+        // Leaf-first frames of a `map.folded` line captured in the 7.3 guest (iommufd memfd).
+        let areas = [
+            "xas_find",
+            "xa_find_after",
+            "iopt_area_fill_domains_[iommufd]",
+            "iopt_map_pages_[iommufd]",
+            "iopt_map_common.isra.0_[iommufd]",
+            "iommufd_ioas_map_file_[iommufd]",
+            "iommufd_fops_ioctl_[iommufd]",
+            "__x64_sys_ioctl",
+        ];
+        assert_eq!(classify(areas), Category::Bookkeeping);
+        // The rows inside the driver keep their own categories.
+        let pin = [
+            "memfd_pin_folios",
+            "pfn_reader_user_pin_[iommufd]",
+            "iopt_area_fill_domains_[iommufd]",
+        ];
+        assert_eq!(classify(pin), Category::Pinning);
+        assert_eq!(classify(["vfio_pin_map_dma_[vfio_iommu_type1]"]), Category::Bookkeeping);
+        assert_eq!(
+            classify(["vfio_pin_pages_remote_[vfio_iommu_type1]"]),
+            Category::Pinning
+        );
+        assert_eq!(classify(["__x64_sys_ioctl", "do_syscall_64"]), Category::Other);
     }
 
     #[test]

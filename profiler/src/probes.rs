@@ -91,8 +91,8 @@ const fn bytes(function: &'static str, arg: u8) -> ProbeRow {
 /// or kprobe/kretprobe pair per row) and reporting. Nesting is resolved in BPF: a row's
 /// exclusive time excludes the probed rows it calls, so categories never double count (the
 /// faults inside `pin_user_pages_remote` of an unpopulated map are faulting, not pinning).
-/// Rows the category table does not know (the ioctl entry points and the VFIO/iommufd
-/// bookkeeping around the probed calls) count as `other`.
+/// The ioctl entry points and the VFIO/iommufd functions around the probed calls count as
+/// `bookkeeping`: their exclusive time is the driver's own work.
 pub const PROBE_TABLE: &[ProbeRow] = &[
     // VFIO type1 (module vfio_iommu_type1).
     row("vfio_iommu_type1_ioctl").only(Reach::Type1),
@@ -409,11 +409,13 @@ mod tests {
             assert_eq!(r.category(), crate::category::classify([r.function]), "{}", r.function);
         }
         let cat = |f: &str| PROBE_TABLE.iter().find(|r| r.function == f).unwrap().category();
-        assert_eq!(cat("iopt_area_fill_domains"), Category::Other);
+        assert_eq!(cat("iopt_area_fill_domains"), Category::Bookkeeping);
         assert_eq!(cat("pin_user_pages_remote"), Category::Pinning);
         assert_eq!(cat("folio_zero_user"), Category::Zeroing);
         assert_eq!(cat("intel_flush_iotlb_all"), Category::IommuFlush);
-        assert_eq!(cat("vfio_iommu_type1_ioctl"), Category::Other);
+        assert_eq!(cat("vfio_iommu_type1_ioctl"), Category::Bookkeeping);
+        assert_eq!(cat("iopt_area_unfill_domains"), Category::Unpinning);
+        assert_eq!(cat("vfio_unmap_unpin"), Category::IommuLookup);
         assert_eq!(cat("vfio_unpin_pages_remote"), Category::Unpinning);
         assert_eq!(cat("batch_from_domain"), Category::IommuLookup);
         assert_eq!(cat("vfio_lock_acct"), Category::Accounting);

@@ -888,14 +888,21 @@ fn explain_check(c: &Ctx, report: &Path) -> Result<String, String> {
 }
 
 /// On a stock kernel: type1 runs, iommufd modes are skipped with the reason; the probe
-/// table reports rows it could not attach (vfio_dma_do_map is inlined on Debian); and exact
+/// table reports rows it could not attach (vfio_dma_do_map is inlined on Debian); exact
 /// and sampled agree on the maps, where Debian's init_on_alloc zeroes every new page a
-/// second time outside folio_zero_user.
+/// second time outside folio_zero_user; and `other` + unattributed stay within the bounds
+/// the custom kernel's map and unmap phases are held to.
 fn dma_matrix_debian(c: &Ctx) -> Outcome {
     let args = "-b 128M -v '*_anonymous' --prefault none,populate -n 1 --traced-iterations 2";
     let r = guest_run(c, "matrix-debian", args)?;
     let mut problems = check_features(&r, KERNEL_6_12);
     let agreement = agreement_check(&r, &mut problems);
+    let unexplained = unexplained_check(&r);
+    let agreement = format!(
+        "{agreement}, other+unattributed {}",
+        unexplained.as_ref().unwrap_or_else(|e| e)
+    );
+    problems.extend(unexplained.err());
     for m in ["vfio_type1_iommu", "vfio_type1v2_iommu"] {
         if let Err(e) = case(&r, &format!("{m}_anonymous.populate")).and_then(|c| phase(c, "map")) {
             problems.push(e);
@@ -985,16 +992,16 @@ struct Tier {
     max: f64,
 }
 
-/// The bounds, longest phases first. Phases of 10 ms or more: 10%. From 3 ms, 25%: a single
+/// The bounds, longest phases first. Phases of 10 ms or more: 10%. From 3 ms, 15%: a single
 /// exact iteration of a 5 ms populated map carries emulation noise of the phase's own size
-/// (its untraced iterations spread up to 2.8x in one process under TCG), and iommufd's own
-/// code (`iopt_map_user_pages`, `iopt_area_fill_domains`: batch allocation, domain and
-/// interval-tree walks) is a real 5-8% `other` there by samples too: over eight runs of this
-/// test's cases these maps read 4.9-11.8% (19.9% once), the phases of 10 ms or more 0.6-5.6%;
-/// 25% is far below a phase whose work went unprobed (an unmap read 96% `other` before its
-/// rows). Shorter phases are not held to any bound: a 2 ms iommufd map with a dozen kprobe
-/// hits, each tens of microseconds under TCG, carries more probe cost than the even per-call
-/// split of it can place (25% `other` measured).
+/// (its untraced iterations spread up to 2.8x in one process under TCG). iommufd's own code
+/// (`iopt_map_user_pages`, `iopt_area_fill_domains`: batch allocation, domain and
+/// interval-tree walks, 5-8% of these maps by samples too) is `bookkeeping`, no longer
+/// `other`: over eight runs of this test's cases, before it was, these maps read 4.9-11.8%
+/// (19.9% once), the phases of 10 ms or more 0.6-5.6%. 15% is far below a phase whose work
+/// went unprobed (an unmap read 96% `other` before its rows). Shorter phases are not held to
+/// any bound: a 2 ms iommufd map with a dozen kprobe hits, each tens of microseconds under
+/// TCG, carries more probe cost than the even per-call split of it can place.
 const UNEXPLAINED_TIERS: [Tier; 2] = [
     Tier {
         from_ns: 10e6,
@@ -1002,7 +1009,7 @@ const UNEXPLAINED_TIERS: [Tier; 2] = [
     },
     Tier {
         from_ns: 3e6,
-        max: 0.25,
+        max: 0.15,
     },
 ];
 
@@ -1014,6 +1021,50 @@ impl Tier {
             Some(j) => format!("{from} to {} ms", UNEXPLAINED_TIERS[j].from_ns / 1e6),
             None => format!("{from} ms or more"),
         }
+    }
+}
+
+/// The worst `other` + unattributed share of the map and unmap phases per tier of
+/// [`UNEXPLAINED_TIERS`] (shares of the exact iteration less its probe cost): a note, or the
+/// tiers over their bound.
+fn unexplained_check(r: &Value) -> Result<String, String> {
+    let mut worst_other = UNEXPLAINED_TIERS.map(|_| (0.0, String::new()));
+    for c in r["cases"].as_array().into_iter().flatten() {
+        for p in c["phases"].as_array().into_iter().flatten() {
+            let e = &p["exact"];
+            let wall = ns(&e["wall_ns"]) - ns(&e["probe_overhead_ns"]);
+            let tier = UNEXPLAINED_TIERS.iter().position(|t| wall >= t.from_ns);
+            if let Some(tier) = tier.filter(|_| p["name"] == "map" || p["name"] == "unmap") {
+                let unexplained = (ns(&e["categories"]["other"]) + ns(&e["unattributed_ns"]).abs()) / wall;
+                let worst = &mut worst_other[tier];
+                if unexplained > worst.0 {
+                    *worst = (unexplained, format!("{} {}", c["name"], p["name"]));
+                }
+            }
+        }
+    }
+    let tiers: Vec<String> = worst_other
+        .iter()
+        .enumerate()
+        .map(|(i, (worst, at))| format!("{:.1}% ({at}) of map/unmap {}", worst * 100.0, Tier::range(i)))
+        .collect();
+    let over: Vec<String> = worst_other
+        .iter()
+        .zip(&UNEXPLAINED_TIERS)
+        .enumerate()
+        .filter(|(_, ((worst, _), tier))| *worst > tier.max)
+        .map(|(i, ((worst, at), tier))| {
+            format!(
+                "other + unattributed is {:.1}% of {at} (map and unmap phases of {} must stay under {:.0}%)",
+                worst * 100.0,
+                Tier::range(i),
+                tier.max * 100.0
+            )
+        })
+        .collect();
+    match over.is_empty() {
+        true => Ok(tiers.join(", ")),
+        false => Err(over.join("; ")),
     }
 }
 
@@ -1037,7 +1088,7 @@ fn attribution(c: &Ctx) -> Outcome {
     ) {
         (Ok(none), Ok(pop), Ok(pop_mmap)) => {
             let fz = share(&none, &["faulting", "zeroing"]);
-            let largest_other = ["pinning", "iommu_map", "iommu_flush", "accounting", "other"]
+            let largest_other = ["pinning", "iommu_map", "iommu_flush", "accounting", "bookkeeping", "other"]
                 .iter()
                 .map(|c| share(&none, &[c]))
                 .fold(0.0, f64::max);
@@ -1095,20 +1146,8 @@ fn attribution(c: &Ctx) -> Outcome {
     }
     // Categories + unattributed = wall, for every traced phase; unattributed small on map.
     let mut worst_unattr: f64 = 0.0;
-    // Worst other + unattributed per tier of map and unmap phases.
-    let mut worst_other = UNEXPLAINED_TIERS.map(|_| (0.0, String::new()));
     for c in r["cases"].as_array().cloned().unwrap_or_default() {
         for p in c["phases"].as_array().cloned().unwrap_or_default() {
-            let e = &p["exact"];
-            let wall = ns(&e["wall_ns"]) - ns(&e["probe_overhead_ns"]);
-            let tier = UNEXPLAINED_TIERS.iter().position(|t| wall >= t.from_ns);
-            if let Some(tier) = tier.filter(|_| p["name"] == "map" || p["name"] == "unmap") {
-                let unexplained = (share(&p, &["other"]) * wall + ns(&e["unattributed_ns"]).abs()) / wall;
-                let worst = &mut worst_other[tier];
-                if unexplained > worst.0 {
-                    *worst = (unexplained, format!("{} {}", c["name"], p["name"]));
-                }
-            }
             let e = &p["exact"];
             let sum: f64 = e["categories"]
                 .as_object()
@@ -1128,26 +1167,13 @@ fn attribution(c: &Ctx) -> Outcome {
             }
         }
     }
-    let tiers: Vec<String> = worst_other
-        .iter()
-        .enumerate()
-        .map(|(i, (worst, at))| format!("{:.1}% ({at}) of map/unmap {}", worst * 100.0, Tier::range(i)))
-        .collect();
+    let unexplained = unexplained_check(&r);
     notes.push(format!(
         "worst unattributed {:.2}% of a map phase >= 20 ms, worst other+unattributed {}",
         worst_unattr * 100.0,
-        tiers.join(", ")
+        unexplained.as_ref().unwrap_or_else(|e| e)
     ));
-    for (i, ((worst, at), tier)) in worst_other.iter().zip(&UNEXPLAINED_TIERS).enumerate() {
-        if *worst > tier.max {
-            problems.push(format!(
-                "other + unattributed is {:.1}% of {at} (map and unmap phases of {} must stay under {:.0}%)",
-                worst * 100.0,
-                Tier::range(i),
-                tier.max * 100.0
-            ));
-        }
-    }
+    problems.extend(unexplained.err());
     if worst_unattr > 0.05 {
         problems.push(format!(
             "unattributed reaches {:.1}% of a map phase",
