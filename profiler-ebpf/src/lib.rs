@@ -129,8 +129,12 @@ pub mod programs {
 /// Name of the read-only global that holds the workload thread's id, set at load time.
 pub const TARGET_TID_GLOBAL: &str = "TARGET_TID";
 
-/// Name of the read-only global that holds the bpf() syscall number, set at load time.
+/// Name of the read-only global that holds the numbers of the syscalls left out of a phase's
+/// syscall time ([`IGNORED_SYSCALLS`] of them), set at load time.
 pub const IGNORED_SYSCALL_GLOBAL: &str = "IGNORED_SYSCALL";
+
+/// How many syscall numbers [`IGNORED_SYSCALL_GLOBAL`] holds: bpf() and clock_gettime().
+pub const IGNORED_SYSCALLS: usize = 2;
 
 /// Name of the read-only [`Watch`] global: one thread (`run`) or the processes in
 /// [`maps::WATCHED`] (`record`), set at load time.

@@ -187,7 +187,7 @@ struct RowPlan {
 /// kernel's BTF: it would serve only CO-RE relocations, and the programs have none (Rust emits
 /// no field-access relocations), while aya's loader would parse all of it once more.
 fn load(watch: &Watched, sample_map_entries: Option<u32>) -> Result<Ebpf, AttachError> {
-    let ignored: i64 = libc::SYS_bpf;
+    let ignored: [i64; abi::IGNORED_SYSCALLS] = [libc::SYS_bpf, libc::SYS_clock_gettime];
     let (tid, by_process, ioctls) = match watch {
         Watched::Thread(tid) => (*tid, 0, [abi::RecordIoctl::default(); abi::MAX_RECORD_IOCTLS]),
         Watched::Processes(ioctls) => (0, 1, *ioctls),
