@@ -443,11 +443,11 @@ impl Session {
         }
         let mut demotion = Demotion::default();
         let (runs, pace, failure) = match self.warm_up(&workload, dma.as_mut(), control) {
-            Ok(untraced) => {
+            Ok(warm) => {
                 let scout = cost.filter(|_| scouting).map(|cost| Scout {
                     demotion: &mut demotion,
                     cost,
-                    pending: Some(untraced),
+                    pending: Some(warm),
                 });
                 let current = if turn == Turn::ExactFirst {
                     Pass::Exact
@@ -575,7 +575,7 @@ impl Session {
     fn outgrown(
         &self,
         p: &mut Probes,
-        redo: &mut Scout<'_>,
+        scout: &mut Scout<'_>,
         (index, walls): (u32, &[PhaseRun]),
         workload: &Workload,
         dma: Option<&mut DmaContext>,
@@ -583,7 +583,7 @@ impl Session {
     ) -> Result<Result<bool, WorkloadError>, CaseError> {
         let slots = attribution::iteration_slots(index);
         let seen = p.peek(slots.clone()).map_err(CaseError::Probes)?;
-        let added = (redo.demotion).outgrown(&seen, walls, &p.attached_rows(), redo.cost, self.limits());
+        let added = (scout.demotion).outgrown(&seen, walls, &p.attached_rows(), scout.cost, self.limits());
         if added.is_empty() {
             return Ok(Ok(false));
         }
@@ -593,7 +593,7 @@ impl Session {
         for slot in slots {
             p.discard_slot(slot).map_err(CaseError::Probes)?;
         }
-        p.set_demoted(&redo.demotion.rows());
+        p.set_demoted(&scout.demotion.rows());
         control.enter(Stage::Switching(workload.case.name(), Pass::Exact));
         Ok(self
             .switch(p, Pass::Exact.groups(), workload, dma, control)?
