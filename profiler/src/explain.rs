@@ -118,6 +118,10 @@ pub const RULES: &[Rule] = &[
         id: "scattered_pages",
         fires: scattered_pages,
     },
+    Rule {
+        id: "driver_bookkeeping",
+        fires: driver_bookkeeping,
+    },
 ];
 
 /// The map of a buffer whose pages came physically scattered in some iterations and far less
@@ -557,6 +561,57 @@ fn unmap_iova_walk(_: &Report, case: &CaseReport) -> Option<Fired> {
         why: WHY_IOVA_WALK.into(),
         evidence: format!("{} of a {} unmap", ms(ns), ms(unmap.wall_ns.median)),
         fix: FIX_IOVA_WALK.into(),
+    })
+}
+
+/// The share of a DMA phase that VFIO type1's or iommufd's own code takes before it is told
+/// as a finding: its set-up and loops, not the pinning or programming it drives.
+const BOOKKEEPING_SHARE: f64 = 0.15;
+
+/// The map or unmap whose `bookkeeping` share is largest, where it is [`BOOKKEEPING_SHARE`] or
+/// more of a phase of 1 ms or more: the driver's own cost per request and per chunk.
+fn driver_bookkeeping(_: &Report, case: &CaseReport) -> Option<Fired> {
+    let cats = [Category::Bookkeeping];
+    let p = [Phase::Map, Phase::Unmap]
+        .into_iter()
+        .filter_map(|ph| phase(case, ph))
+        .filter(|p| p.wall_ns.median >= 1_000_000 && share(p, &cats) >= BOOKKEEPING_SHARE)
+        .max_by(|a, b| share(a, &cats).total_cmp(&share(b, &cats)))?;
+    let ns = ns_of(p, &cats);
+    let mut own: Vec<(&str, u64)> = p
+        .exact
+        .rows
+        .iter()
+        .filter(|r| r.category == Category::Bookkeeping)
+        .map(|r| (r.function.as_str(), r.exclusive_ns.saturating_sub(r.overhead_ns)))
+        .filter(|(_, ns)| *ns > 0)
+        .collect();
+    own.sort_by_key(|(_, ns)| std::cmp::Reverse(*ns));
+    let mut evidence = format!("{} of a {} {}", ms(ns), ms(p.wall_ns.median), p.name.name());
+    if !own.is_empty() {
+        let rows: Vec<String> = own
+            .iter()
+            .take(3)
+            .map(|(f, ns)| format!("{f} {:.3} ms", *ns as f64 / 1e6))
+            .collect();
+        let _ = write!(evidence, "; own time of {}", rows.join(", "));
+    }
+    Some(Fired {
+        phase: p.name,
+        ns,
+        what: format!(
+            "the driver's own code is {:.0}% of the {}",
+            share(p, &cats) * 100.0,
+            p.name.name()
+        ),
+        why: "VFIO type1 or iommufd spends it around the pin, map and accounting calls: the request's set-up (the \
+              DMA or area object, its tree and xarray walks) and the loop over chunks and domains, a cost per \
+              request and per chunk rather than per byte"
+            .into(),
+        evidence,
+        fix: "map in fewer, larger requests; with many chunks, physically contiguous backing (hugetlb) shortens \
+              the loop; on a small buffer this is the request's fixed cost"
+            .into(),
     })
 }
 
@@ -1051,16 +1106,50 @@ mod tests {
             "slower_than_other_mode",
             "iommufd_anonymous_hugetlb_2mb.none"
         ));
-        // The saved run swept no sizes and read no layouts: those rules have their own tests.
+        // The saved run swept no sizes, read no layouts and predates `bookkeeping`: those rules
+        // have their own tests.
         for rule in RULES
             .iter()
-            .filter(|r| !["super_linear_growth", "scattered_pages"].contains(&r.id))
+            .filter(|r| !["super_linear_growth", "scattered_pages", "driver_bookkeeping"].contains(&r.id))
         {
             assert!(e.findings.iter().any(|f| f.rule == rule.id), "{} never fires", rule.id);
         }
         assert!(
             e.findings.windows(2).all(|w| w[0].ns >= w[1].ns),
             "ranked by time at stake"
+        );
+    }
+
+    #[test]
+    fn the_drivers_own_code_is_told_where_it_is_a_large_share() {
+        let name = "iommufd_anonymous_hugetlb_2mb.none";
+        let mut r = matrix();
+        assert!(!fired(&explain(&r), "driver_bookkeeping", name));
+        let case = r.cases.iter_mut().find(|c| c.name == name).unwrap();
+        let map = case.phases.iter_mut().find(|p| p.name == Phase::Map).unwrap();
+        let own = map.exact.wall_less_cost() / 5;
+        let (_, largest) = map.exact.categories.iter_mut().max_by_key(|(_, ns)| **ns).unwrap();
+        *largest -= own;
+        map.exact.categories.insert(Category::Bookkeeping, own);
+        let fill = map
+            .exact
+            .rows
+            .iter_mut()
+            .find(|r| r.function == "iopt_area_fill_domains")
+            .unwrap();
+        fill.category = Category::Bookkeeping;
+        let e = explain(&r);
+        let f = e
+            .findings
+            .iter()
+            .find(|f| f.rule == "driver_bookkeeping")
+            .expect("fires");
+        assert_eq!((f.case.as_str(), f.phase), (name, Phase::Map));
+        assert!(f.what.contains("20% of the map"), "{}", f.what);
+        assert!(
+            f.evidence.contains("own time of iopt_area_fill_domains"),
+            "{}",
+            f.evidence
         );
     }
 
