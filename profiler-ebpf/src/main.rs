@@ -235,8 +235,7 @@ pub fn sys_exit(ctx: RawTracePointContext) -> u32 {
     let entered = entry.enter_ns;
     entry.enter_ns = 0;
     // SAFETY: see recording_phase.
-    let ignored = unsafe { core::ptr::read_volatile(&IGNORED_SYSCALL) };
-    if entry.id == ignored[0] || entry.id == ignored[1] {
+    if unsafe { core::ptr::read_volatile(&IGNORED_SYSCALL) }.contains(&entry.id) {
         return 0;
     }
     c.syscalls += 1;

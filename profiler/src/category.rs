@@ -96,9 +96,9 @@ impl Category {
 impl Category {
     /// Its colour, in the flamegraphs and the HTML report alike: Paul Tol's "light" scheme
     /// (made for black text on coloured cells, distinguishable with the common colour-vision
-    /// deficiencies) plus a light purple, a tan and two greys. The categories that share a phase get
-    /// colours far apart (the map phase's six, the unmap phase's five); release's olive is near
-    /// unpinning's pear, but release is alone in munmap and close.
+    /// deficiencies) plus a light purple, a tan and two greys. The categories that share a
+    /// phase get colours far apart (the map phase's six, the unmap phase's five); release's
+    /// olive is near unpinning's pear, but release is alone in munmap and close.
     pub fn color(self) -> (u8, u8, u8) {
         match self {
             Category::Zeroing => (0xee, 0x88, 0x66),

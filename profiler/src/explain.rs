@@ -572,11 +572,13 @@ const BOOKKEEPING_SHARE: f64 = 0.15;
 /// more of a phase of 1 ms or more: the driver's own cost per request and per chunk.
 fn driver_bookkeeping(_: &Report, case: &CaseReport) -> Option<Fired> {
     let cats = [Category::Bookkeeping];
-    let p = [Phase::Map, Phase::Unmap]
+    let (p, own_share) = [Phase::Map, Phase::Unmap]
         .into_iter()
         .filter_map(|ph| phase(case, ph))
-        .filter(|p| p.wall_ns.median >= 1_000_000 && share(p, &cats) >= BOOKKEEPING_SHARE)
-        .max_by(|a, b| share(a, &cats).total_cmp(&share(b, &cats)))?;
+        .filter(|p| p.wall_ns.median >= 1_000_000)
+        .map(|p| (p, share(p, &cats)))
+        .filter(|(_, s)| *s >= BOOKKEEPING_SHARE)
+        .max_by(|a, b| a.1.total_cmp(&b.1))?;
     let ns = ns_of(p, &cats);
     let mut own: Vec<(&str, u64)> = p
         .exact
@@ -601,7 +603,7 @@ fn driver_bookkeeping(_: &Report, case: &CaseReport) -> Option<Fired> {
         ns,
         what: format!(
             "the driver's own code is {:.0}% of the {}",
-            share(p, &cats) * 100.0,
+            own_share * 100.0,
             p.name.name()
         ),
         why: "VFIO type1 or iommufd spends it around the pin, map and accounting calls: the request's set-up (the \
