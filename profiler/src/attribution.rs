@@ -242,6 +242,7 @@ pub fn demotions(
                 share: c as f64 / base,
                 phase_share: total as f64 / base,
                 outgrown: false,
+                physical_runs: out.physical_runs,
             };
             out.demoted.push((row, why));
         }
@@ -1772,9 +1773,15 @@ mod tests {
         for calls in [5000, 20_000] {
             assert!(d.outgrown(&seen(calls), &walls, &attached, &cost, limits).is_empty());
         }
-        let added = d.outgrown(&seen(55_738), &walls, &attached, &cost, limits);
+        // Its calls are counted on the exact iteration's layout, not the scout's.
+        let exact_walls = [PhaseRun {
+            physical_runs: Some(27_852),
+            ..walls[0]
+        }];
+        let added = d.outgrown(&seen(55_738), &exact_walls, &attached, &cost, limits);
         assert_eq!(added.len(), 1, "{added:?}");
         assert!(added[0].outgrown && added[0].function == "iommu_map_nosync" && added[0].calls == 55_738);
+        assert_eq!(added[0].physical_runs, Some(27_852));
         assert_eq!(d.rows(), [row("iommu_map_nosync")]);
         assert!(
             d.counts

@@ -1321,6 +1321,7 @@ mod tests {
             share: 0.013,
             phase_share: 0.52,
             outgrown: false,
+            physical_runs: Some(1819),
         });
         let told = said(&r).expect("12% of the phase is told");
         assert!(

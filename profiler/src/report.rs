@@ -772,6 +772,10 @@ pub struct DemotedRow {
     /// iteration's, which then ran again without it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub outgrown: bool,
+    /// Physical runs of the buffer in the iteration `calls` were counted in (the scout's, or
+    /// the outgrown exact iteration's): a 4 KiB buffer's pin and map calls follow its runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub physical_runs: Option<u64>,
 }
 
 /// A case that ran and failed.

@@ -1811,8 +1811,8 @@ fn thp_checks(dir: &Path, problems: &mut Vec<String>) -> Result<String, String> 
 
 /// The physical layout dmaprof reads from pagemap against the kernel's own chunking: VFIO
 /// type1 pins one physically contiguous run per `vfio_pin_pages_remote` call, so its calls in
-/// an iteration are that iteration's runs (the scout's, where the row was demoted and keeps
-/// the scout's counts). On a 16 MiB buffer of 4 KiB pages (`--thp never`) and of THP folios.
+/// an iteration are that iteration's runs (where the row was demoted, those of the iteration
+/// whose counts it keeps). On a 16 MiB buffer of 4 KiB pages (`--thp never`) and of THP folios.
 fn layout_checks(dir: &Path, problems: &mut Vec<String>) -> Result<String, String> {
     let mut notes = Vec::new();
     for t in ["never", "system"] {
@@ -1821,7 +1821,7 @@ fn layout_checks(dir: &Path, problems: &mut Vec<String>) -> Result<String, Strin
         let map = phase(c, "map")?;
         let row = exact_row(map, "vfio_pin_pages_remote").ok_or(format!("--thp {t}: no vfio_pin_pages_remote row"))?;
         let runs = if row["demoted"] == true {
-            &c["scout_physical_runs"]
+            demoted_runs(c, "vfio_pin_pages_remote")
         } else {
             &map["exact"]["physical_runs"]
         };
@@ -1837,6 +1837,15 @@ fn layout_checks(dir: &Path, problems: &mut Vec<String>) -> Result<String, Strin
         notes.push(note);
     }
     Ok(notes.join(", "))
+}
+
+/// Physical runs of the iteration whose calls a row demoted in the map phase keeps: the
+/// scout's, or an outgrown exact iteration's.
+fn demoted_runs<'a>(case: &'a Value, function: &str) -> &'a Value {
+    let rows = case["demoted"].as_array().map(Vec::as_slice).unwrap_or_default();
+    rows.iter()
+        .find(|d| d["function"] == function && d["phase"] == "map")
+        .map_or(&Value::Null, |d| &d["physical_runs"])
 }
 
 /// Untraced map times agree with a C program doing the same VFIO_IOMMU_MAP_DMA in the same
