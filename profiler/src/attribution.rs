@@ -14,8 +14,8 @@ use crate::{
     matrix::Workload,
     probes::{AttachedBy, CallCost, PROBE_TABLE, Pass, ProbeCost, ProbeStatus},
     report::{
-        CaseReport, Counters, DemotedRow, Exact, ExactRow, OffCpu, OverheadBasis, PassCost, PassTimes, PhaseReport,
-        Ratio, Sampled, Stats, median_ci,
+        CaseReport, Counters, DemotedRow, Exact, ExactRow, LayoutRerun, OffCpu, OverheadBasis, PassCost, PassTimes,
+        PhaseReport, Ratio, Sampled, Stats, median_ci,
     },
     symbols::KernelSymbols,
     workload::{PHASES, Phase, PhaseRun},
@@ -462,6 +462,8 @@ pub struct CaseInput<'a> {
     pub demotion: &'a Demotion,
     /// The machine's pace beside the untraced iterations, ns (`floors::Pace`).
     pub pace: &'a [u64],
+    /// Traced iterations run again for their layout.
+    pub layout_reruns: &'a [LayoutRerun],
 }
 
 /// A case's report and the flamegraph inputs that go with it.
@@ -1192,6 +1194,7 @@ pub fn case_report(input: &CaseInput) -> CaseOutput {
             phases,
             demoted: input.demotion.demoted.iter().map(|(_, d)| d.clone()).collect(),
             scout_physical_runs: input.demotion.physical_runs,
+            layout_reruns: input.layout_reruns.to_vec(),
             pace_ns: (!input.pace.is_empty()).then(|| Stats::of(input.pace.to_vec())),
         },
     }
@@ -1406,6 +1409,7 @@ mod tests {
                 cost: None,
                 demotion: &self.demotion,
                 pace: &[],
+                layout_reruns: &[],
             }
         }
     }
@@ -1939,6 +1943,7 @@ mod tests {
                 cost: None,
                 demotion: &Demotion::default(),
                 pace: &[],
+                layout_reruns: &[],
             });
             out.report
                 .phases
@@ -2014,6 +2019,7 @@ mod tests {
             cost: None,
             demotion: d,
             pace: &[],
+            layout_reruns: &[],
         });
         let e = &out.report.phases.iter().find(|p| p.name == Phase::Map).unwrap().exact;
         assert_eq!(e.categories[&Category::IommuMap], 6_000_000);

@@ -288,6 +288,10 @@ pub struct CaseReport {
     /// keep (a 4 KiB buffer's pin and map calls follow its runs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scout_physical_runs: Option<u64>,
+    /// Traced iterations run again because their buffer came in a layout far from the other
+    /// traced pass's (`layout::far_apart`): the two passes' shares are then of like work.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub layout_reruns: Vec<LayoutRerun>,
     /// The machine's pace beside the untraced iterations: a fixed user-space clear timed
     /// right before each (`floors::Pace`), which `diff` holds two runs' speeds against.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -776,6 +780,18 @@ pub struct DemotedRow {
     /// the outgrown exact iteration's): a 4 KiB buffer's pin and map calls follow its runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub physical_runs: Option<u64>,
+}
+
+/// A traced iteration discarded and run again for its layout (see
+/// [`CaseReport::layout_reruns`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayoutRerun {
+    /// The pass whose iteration ran again.
+    pub pass: Pass,
+    /// The discarded iteration's physical runs.
+    pub physical_runs: u64,
+    /// The other traced pass's, which it was run again to come near.
+    pub other_physical_runs: u64,
 }
 
 /// A case that ran and failed.

@@ -19,7 +19,7 @@ use crate::{
     plan::{self, Plan, PlanError, RunOptions},
     privileges,
     probes::{AttachedBy, Group, Pass, ProbeCost},
-    report::{self, Config, Failed, Report, Skipped, Spend, Spent, Timing},
+    report::{self, Config, Failed, LayoutRerun, Report, Skipped, Spend, Spent, Timing},
     size::ByteSize,
     stop::{Control, Stage},
     symbols::{KernelSymbols, Pending},
@@ -314,6 +314,7 @@ impl Session {
             pace,
             failure,
             demotion,
+            layout_reruns,
         } = match result {
             Ok(r) => r,
             Err(CaseError::Skip(reason)) => return Ok(skip(report, name, reason)),
@@ -358,6 +359,7 @@ impl Session {
                 cost: report.probe_cost.as_ref(),
                 demotion: &demotion,
                 pace: &pace,
+                layout_reruns: &layout_reruns,
             });
             output::write_case(&self.out.path, &out)?;
             report.cases.push(out.report);
@@ -442,7 +444,7 @@ impl Session {
                 .map_err(CaseError::Probes)?;
         }
         let mut demotion = Demotion::default();
-        let (runs, pace, failure) = match self.warm_up(&workload, dma.as_mut(), control) {
+        let ran = match self.warm_up(&workload, dma.as_mut(), control) {
             Ok(warm) => {
                 let scout = cost.filter(|_| scouting).map(|cost| Scout {
                     demotion: &mut demotion,
@@ -457,8 +459,17 @@ impl Session {
                 let dma = dma.as_mut();
                 self.run_steps(&workload, (&steps, current), probes.as_deref_mut(), dma, scout, control)?
             }
-            Err(e) => (PassRuns::new(), Vec::new(), Some(e)),
+            Err(e) => Steps {
+                failure: Some(e),
+                ..Steps::default()
+            },
         };
+        let Steps {
+            runs,
+            pace,
+            layout_reruns,
+            failure,
+        } = ran;
         // An exact pass that came last leaves its rows for the next case's to start with.
         let keep_rows = turn == Turn::ExactLast && failure.is_none();
         if let Some(p) = probes.filter(|_| failure.is_none() && !keep_rows) {
@@ -471,12 +482,13 @@ impl Session {
             pace,
             failure,
             demotion,
+            layout_reruns,
         })
     }
 
-    /// Runs the passes' iterations in `steps` order (from the `current` pass's probes) into
-    /// `runs`, switching probes (and priming after a switch) where the pass changes; a pending
-    /// `scout` runs before the first exact iteration. Returns the failure that stopped them.
+    /// Runs the passes' iterations in `steps` order (from the `current` pass's probes),
+    /// switching probes (and priming after a switch) where the pass changes; a pending `scout`
+    /// runs before the first exact iteration. Returns them, and the failure that stopped them.
     fn run_steps(
         &self,
         workload: &Workload,
@@ -485,17 +497,17 @@ impl Session {
         mut dma: Option<&mut DmaContext>,
         mut scout: Option<Scout<'_>>,
         control: &Control,
-    ) -> Result<(PassRuns, Vec<u64>, Option<WorkloadError>), CaseError> {
+    ) -> Result<Steps, CaseError> {
         let case = &workload.case;
-        let mut runs = PassRuns::new();
-        let (mut pace, mut paces) = (Pace::new(), Vec::new());
+        let mut out = Steps::default();
+        let mut pace = Pace::new();
         for &(pass, index) in steps {
             if let (Some(p), Some(s)) = (probes.as_deref_mut(), scout.as_mut())
                 && pass == Pass::Exact
                 && let Some(warm) = s.pending.take()
             {
                 if let Err(e) = self.scout(p, s, &warm, workload, dma.as_deref_mut(), control)? {
-                    return Ok((runs, paces, Some(e)));
+                    return Ok(out.failed(e));
                 }
                 current = Pass::Exact;
             }
@@ -503,13 +515,17 @@ impl Session {
                 control.enter(Stage::Switching(case.name(), pass));
                 current = pass;
                 if let Err(e) = self.switch(p, pass.groups(), workload, dma.as_deref_mut(), control)? {
-                    return Ok((runs, paces, Some(e)));
+                    return Ok(out.failed(e));
                 }
             }
             if pass == Pass::Untraced {
-                paces.push(pace.take());
+                out.pace.push(pace.take());
             }
-            let step = (pass, index);
+            let step = Step {
+                pass,
+                index,
+                near: out.near(pass),
+            };
             match self.run_step(
                 workload,
                 step,
@@ -518,30 +534,34 @@ impl Session {
                 scout.as_mut(),
                 control,
             )? {
-                Ok(r) => {
+                Ok((r, reruns)) => {
                     let at = self.slot_iteration(pass, index).unwrap_or(index);
-                    runs.entry(pass).or_default().push((at, r));
+                    out.runs.entry(pass).or_default().push((at, r));
+                    out.layout_reruns.extend(reruns);
                 }
-                Err(e) => return Ok((runs, paces, Some(e))),
+                Err(e) => return Ok(out.failed(e)),
             }
         }
-        Ok((runs, paces, None))
+        Ok(out)
     }
 
     /// Runs iteration `index` of `pass`; an exact one that outgrew its `scout` runs once more
-    /// with more rows demoted.
+    /// with more rows demoted, and a sampled one whose buffer came in a layout far from the
+    /// exact iteration's runs again, up to [`MAX_LAYOUT_RERUNS`] times (see
+    /// [`Session::far_layout`]). Returns it and its layout reruns.
     fn run_step(
         &self,
         workload: &Workload,
-        (pass, index): (Pass, u32),
+        Step { pass, index, near }: Step,
         mut probes: Option<&mut Probes>,
         mut dma: Option<&mut DmaContext>,
         mut scout: Option<&mut Scout<'_>>,
         control: &Control,
-    ) -> Result<Result<Vec<PhaseRun>, WorkloadError>, CaseError> {
+    ) -> Result<Result<Ran, WorkloadError>, CaseError> {
         // The untraced pass switches no phase slot: not even a map update may touch it.
         let slot_iteration = self.slot_iteration(pass, index);
         let mut again = pass == Pass::Exact && scout.is_some();
+        let mut reruns = Vec::new();
         loop {
             let traced = probes.as_deref_mut().filter(|_| slot_iteration.is_some());
             let mut obs = SlotObserver::new(traced, slot_iteration.unwrap_or(0), control, &workload.case);
@@ -562,11 +582,60 @@ impl Session {
                 _ => Ok(false),
             };
             match outgrown {
-                Ok(true) => again = false,
-                Ok(false) => return Ok(Ok(r)),
+                Ok(true) => {
+                    again = false;
+                    continue;
+                }
+                Ok(false) => {}
                 Err(e) => return Ok(Err(e)),
             }
+            let far = match (probes.as_deref_mut(), slot_iteration) {
+                (Some(p), Some(at)) if reruns.len() < MAX_LAYOUT_RERUNS => {
+                    self.far_layout(p, (pass, at), &r, near, workload)?
+                }
+                _ => None,
+            };
+            match far {
+                Some(rerun) => reruns.push(rerun),
+                None => return Ok(Ok((r, reruns))),
+            }
         }
+    }
+
+    /// Whether a traced iteration (`pass`, recorded in slot iteration `at`; its phases
+    /// `walls`) came in a layout far from `near`, the other traced pass's physical runs
+    /// ([`layout::far_apart`]); if so its slots are cleared for it to run again. The two
+    /// traced passes then split like work, and their shares can be held against each other.
+    /// The rerun stays on the same probes, so it costs one iteration and no switch; where the
+    /// sampled iteration runs before the exact one (the turns where the exact pass comes last
+    /// and leaves its rows attached) there is nothing to come near yet.
+    fn far_layout(
+        &self,
+        p: &mut Probes,
+        (pass, at): (Pass, u32),
+        walls: &[PhaseRun],
+        near: Option<u64>,
+        workload: &Workload,
+    ) -> Result<Option<LayoutRerun>, CaseError> {
+        let (Some(other), Some(got)) = (near, walls.first().and_then(|w| w.physical_runs)) else {
+            return Ok(None);
+        };
+        if !crate::layout::far_apart(got, other, workload.size.pages(4096)) {
+            return Ok(None);
+        }
+        eprintln!(
+            "dmaprof: {}: the {pass} iteration's buffer came in {got} physically contiguous runs, the other \
+             traced pass's in {other}: running it again",
+            workload.case.name()
+        );
+        for slot in attribution::iteration_slots(at) {
+            p.discard_slot(slot).map_err(CaseError::Probes)?;
+        }
+        Ok(Some(LayoutRerun {
+            pass,
+            physical_runs: got,
+            other_physical_runs: other,
+        }))
     }
 
     /// Whether exact iteration `index` (its phases `walls`) outgrew the scout (see
@@ -914,6 +983,54 @@ struct CaseRuns {
     failure: Option<WorkloadError>,
     /// The rows its exact pass ran without.
     demotion: Demotion,
+    /// Traced iterations run again for their layout.
+    layout_reruns: Vec<LayoutRerun>,
+}
+
+/// Times a sampled iteration may run again for its layout ([`Session::far_layout`]): each
+/// costs one iteration. A buffer's layout is like that of the one two iterations before it,
+/// so the first rerun mostly comes near (7 of 7 in the 256 MiB 4 KiB memfd cases of one run)
+/// and a third would mostly repeat the first.
+const MAX_LAYOUT_RERUNS: usize = 2;
+
+/// An iteration's phases, and the layout reruns it took.
+type Ran = (Vec<PhaseRun>, Vec<LayoutRerun>);
+
+/// One iteration to run: its pass and index, and the physical runs its buffer is to come
+/// near ([`Steps::near`]).
+#[derive(Clone, Copy)]
+struct Step {
+    pass: Pass,
+    index: u32,
+    near: Option<u64>,
+}
+
+/// The iterations of a case's passes that ran ([`Session::run_steps`]).
+#[derive(Default)]
+struct Steps {
+    runs: PassRuns,
+    /// The machine's pace before each untraced iteration ([`Pace`]).
+    pace: Vec<u64>,
+    layout_reruns: Vec<LayoutRerun>,
+    /// What stopped them.
+    failure: Option<WorkloadError>,
+}
+
+impl Steps {
+    fn failed(mut self, e: WorkloadError) -> Self {
+        self.failure = Some(e);
+        self
+    }
+
+    /// The layout an iteration of `pass` is to come near: for the sampled pass, the physical
+    /// runs of the last exact iteration so far. The exact pass is not run again for its
+    /// layout: it follows the scout, a slow iteration, and its buffer comes in few runs
+    /// whatever the sampled one's (in a 64 MiB matrix three exact iterations run again twice
+    /// each for sampled ones on 3890-6065 runs came in 320-851 every time).
+    fn near(&self, pass: Pass) -> Option<u64> {
+        let runs = self.runs.get(&Pass::Exact).filter(|_| pass == Pass::Sampled)?;
+        runs.last()?.1.first()?.physical_runs
+    }
 }
 
 /// The order a case's iterations run in: round by round, each round every pass that still has

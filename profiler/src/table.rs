@@ -231,6 +231,17 @@ fn layout(case: &CaseReport) -> String {
         .exact
         .physical_runs
         .map_or(String::new(), |r| format!(", the exact iteration {r}"));
+    let sampled = (p.passes.get(&crate::probes::Pass::Sampled))
+        .and_then(|s| s.physical_runs.as_ref())
+        .map_or(String::new(), |r| format!(", the sampled {}", r.median));
+    let discarded: Vec<String> = (case.layout_reruns.iter())
+        .map(|r| format!("{} {}", r.pass, r.physical_runs))
+        .collect();
+    let rerun = if discarded.is_empty() {
+        String::new()
+    } else {
+        format!(" (run again, far from the other pass's: {})", discarded.join(", "))
+    };
     let follows = if line.follows() {
         format!(
             "untraced map {} ms + {:.2} us per run",
@@ -241,7 +252,7 @@ fn layout(case: &CaseReport) -> String {
         "the untraced map did not rise with them, so traced iterations are held against its median".into()
     };
     format!(
-        "  physical layout: {}-{} contiguous runs over the untraced iterations{exact}; {follows}\n",
+        "  physical layout: {}-{} contiguous runs over the untraced iterations{exact}{sampled}{rerun}; {follows}\n",
         runs.min, runs.max,
     )
 }
@@ -585,5 +596,35 @@ mod tests {
         r.cases[1].pace_ns = Some(Stats::of(vec![2_710_000, 3_807_910]));
         let t = render_table(&r);
         assert!(t.contains("the machine's speed moved 1.53x"), "{t}");
+    }
+
+    #[test]
+    fn a_layout_rerun_is_told_with_the_layouts() {
+        use crate::{probes::Pass, report::LayoutRerun, workload::Phase};
+        let mut r = crate::report::parse(include_str!("../tests/data/matrix-7.3.json")).unwrap();
+        let case = &mut r.cases[0];
+        let map = (case.phases.iter_mut())
+            .find(|p| p.name == Phase::Map)
+            .expect("a map phase");
+        // A 256 MiB memfd: untraced 613-2824 runs, exact 602, the sampled one 24439 then 1859.
+        map.physical_runs = Some(Stats::of(vec![2350, 613, 2125, 1859, 2824]));
+        map.layout = crate::layout::LayoutModel::fit(&[(613, 89_950_153), (2824, 133_922_700), (2125, 100_401_354)]);
+        map.exact.physical_runs = Some(602);
+        let sampled = map.passes.get_mut(&Pass::Sampled).expect("a sampled pass");
+        sampled.physical_runs = Some(Stats::of(vec![1859]));
+        assert!(!layout(case).contains("run again"), "{}", layout(case));
+        case.layout_reruns.push(LayoutRerun {
+            pass: Pass::Sampled,
+            physical_runs: 24439,
+            other_physical_runs: 602,
+        });
+        let line = layout(case);
+        assert!(
+            line.contains(
+                "613-2824 contiguous runs over the untraced iterations, the exact iteration 602, the sampled 1859 \
+                 (run again, far from the other pass's: sampled 24439)"
+            ),
+            "{line}"
+        );
     }
 }

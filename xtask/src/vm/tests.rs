@@ -640,7 +640,7 @@ fn dma_matrix_custom(c: &Ctx) -> Outcome {
         "iommufd",
     ];
     let backings = ["anonymous", "anonymous_hugetlb_2mb", "memfd", "memfd_hugetlb_2mb"];
-    let mut ran = 0;
+    let (mut ran, mut reruns) = (0, 0);
     for m in modes {
         for b in backings {
             for pf in ["none", "populate"] {
@@ -673,6 +673,7 @@ fn dma_matrix_custom(c: &Ctx) -> Outcome {
                         Err(e) => problems.push(e),
                     }
                 }
+                reruns += layout_rerun_check(c, &name, &mut problems);
             }
         }
     }
@@ -701,10 +702,47 @@ fn dma_matrix_custom(c: &Ctx) -> Outcome {
         }
     }
     if problems.is_empty() {
-        Ok(format!(", {ran} cases{notes}"))
+        Ok(format!(", {ran} cases, {reruns} layout reruns{notes}"))
     } else {
         Err(problems.join("; "))
     }
+}
+
+/// The 4 KiB pages of the matrix's buffers (64 MiB).
+const MATRIX_PAGES: u64 = 64 << 8;
+
+/// As dmaprof's `layout::far_apart`: twice the runs, and a difference of at least one in 64 of
+/// the buffer's 4 KiB pages.
+fn far_apart(a: u64, b: u64) -> bool {
+    let (lo, hi) = (a.min(b), a.max(b));
+    hi >= 2 * lo.max(1) && hi - lo >= MATRIX_PAGES / 64
+}
+
+/// A sampled iteration whose buffer came in a layout far from the exact iteration's ran
+/// again: every rerun the case reports was far from the exact pass, and where the iterations
+/// kept are still far apart after a rerun, both reruns were spent (a case whose sampled
+/// iteration ran before its exact one has none). Returns the reruns.
+fn layout_rerun_check(c: &Value, name: &str, problems: &mut Vec<String>) -> usize {
+    let reruns = c["layout_reruns"].as_array().cloned().unwrap_or_default();
+    for r in &reruns {
+        let (got, other) = (r["physical_runs"].as_u64(), r["other_physical_runs"].as_u64());
+        if r["pass"] != "sampled" || !matches!((got, other), (Some(g), Some(o)) if far_apart(g, o)) {
+            problems.push(format!("{name}: a layout rerun of iterations not far apart: {r}"));
+        }
+    }
+    let Ok(map) = phase(c, "map") else { return reruns.len() };
+    let exact = map["exact"]["physical_runs"].as_u64();
+    let sampled = map["passes"]["sampled"]["physical_runs"]["median"].as_u64();
+    if let (Some(e), Some(s)) = (exact, sampled)
+        && far_apart(e, s)
+        && reruns.len() == 1
+    {
+        problems.push(format!(
+            "{name}: exact and sampled buffers came in {e} and {s} runs after {} layout reruns (want 2)",
+            reruns.len()
+        ));
+    }
+    reruns.len()
 }
 
 /// A page that opens the report at one case's anchor in a frame and writes how many
