@@ -13,7 +13,7 @@ use crate::{
     flamegraph::{self, Folded},
     html,
     output::OutputError,
-    report::{self, CaseReport, PhaseReport, ReadError, Report},
+    report::{self, PhaseReport, ReadError, Report, Stats},
     size::HumanSize,
     sys,
     table::ms,
@@ -75,13 +75,10 @@ pub struct RunDiff {
 
 pub use crate::significance::{MIN_CHANGE_NS, Noise, SAME_PACE, paced_significance, significance};
 
-/// The machine's pace in `b`'s run over `a`'s, by their untraced iterations' paces.
-fn pace_ratio(a: &CaseReport, b: &CaseReport) -> Option<f64> {
-    let (pa, pb) = (a.pace_ns.as_ref()?.median, b.pace_ns.as_ref()?.median);
-    (pa > 0 && pb > 0).then(|| pb as f64 / pa as f64)
-}
+/// Two runs' paces beside their untraced iterations, where both have them.
+type Paces<'a> = Option<(&'a Stats, &'a Stats)>;
 
-fn phase_diff(case: &str, pa: &PhaseReport, pb: &PhaseReport, pace: Option<f64>) -> PhaseDiff {
+fn phase_diff(case: &str, pa: &PhaseReport, pb: &PhaseReport, paces: Paces) -> PhaseDiff {
     let (b, a) = (pa.wall_ns.median, pb.wall_ns.median);
     let delta = a as i64 - b as i64;
     let keys: BTreeSet<&Category> = pa.exact.categories.keys().chain(pb.exact.categories.keys()).collect();
@@ -101,9 +98,11 @@ fn phase_diff(case: &str, pa: &PhaseReport, pb: &PhaseReport, pace: Option<f64>)
             (*c, (y - x) * 100.0)
         })
         .collect();
-    let noise = paced_significance(&pa.wall_ns, &pb.wall_ns, pace)
+    let noise = paced_significance(&pa.wall_ns, &pb.wall_ns, paces)
         .err()
         .map(|n| n.to_string());
+    // The machine's pace in the second run over the first's.
+    let pace = (paces.filter(|(a, b)| a.median > 0 && b.median > 0)).map(|(a, b)| b.median as f64 / a.median as f64);
     PhaseDiff {
         case: case.to_owned(),
         phase: pa.name,
@@ -136,10 +135,10 @@ pub fn diff(before: &Report, after: &Report) -> RunDiff {
         let Some(cb) = after.cases.iter().find(|c| c.name == ca.name) else {
             continue;
         };
-        let pace = pace_ratio(ca, cb);
+        let paces = ca.pace_ns.as_ref().zip(cb.pace_ns.as_ref());
         for pa in &ca.phases {
             if let Some(pb) = cb.phases.iter().find(|p| p.name == pa.name) {
-                phases.push(phase_diff(&ca.name, pa, pb, pace));
+                phases.push(phase_diff(&ca.name, pa, pb, paces));
             }
         }
     }
@@ -686,14 +685,46 @@ mod tests {
             st(&[34_451_401, 30_485_565, 30_913_417, 31_999_213, 32_414_031]),
             st(&[47_759_395, 49_298_862, 48_387_673, 51_797_918, 54_887_811]),
         );
-        let pace = 3_807_910.0 / 2_860_263.0;
+        let pace = |ns: u64| st(&[ns; 5]);
+        let (slow, fast) = (pace(3_807_910), pace(2_860_263));
+        let (same, faster) = (pace(2_888_866), pace(2_288_210));
         assert_eq!(significance(&before, &after), Ok(()), "apart without the pace");
-        assert_eq!(paced_significance(&before, &after, Some(pace)), Err(Noise::MachinePace));
+        assert_eq!(
+            paced_significance(&before, &after, Some((&fast, &slow))),
+            Err(Noise::MachinePace)
+        );
         // A kernel that got 1.5x slower at the same pace is still slower.
-        assert_eq!(paced_significance(&before, &after, Some(1.01)), Ok(()));
+        assert_eq!(paced_significance(&before, &after, Some((&fast, &same))), Ok(()));
         assert_eq!(paced_significance(&before, &after, None), Ok(()));
         // The machine got faster while the map got slower: the change only grows.
-        assert_eq!(paced_significance(&before, &after, Some(0.8)), Ok(()));
+        assert_eq!(paced_significance(&before, &after, Some((&fast, &faster))), Ok(()));
+    }
+
+    #[test]
+    fn a_change_is_held_iteration_by_iteration_at_the_pace_beside_it() {
+        let st = |v: &[u64]| Stats::of(v.to_vec());
+        // Two reruns' unmaps in one guest boot: 0.58x apart, at a median pace of 0.77x, the
+        // host's speed moving within each run.
+        let (before, after) = (
+            st(&[4_840_549, 5_669_939, 4_742_445, 4_758_529, 4_632_577]),
+            st(&[2_511_645, 2_898_248, 2_777_505, 2_989_969, 2_775_679]),
+        );
+        let pa = st(&[2_815_510, 2_864_935, 2_314_077, 2_370_323, 2_481_381]);
+        let pb = st(&[1_453_207, 1_930_889, 1_918_400, 1_937_670, 1_479_408]);
+        assert_eq!(significance(&before, &after), Ok(()));
+        // Apart at the median pace alone.
+        let (flat_a, flat_b) = (st(&[pa.median; 5]), st(&[pb.median; 5]));
+        assert_eq!(paced_significance(&before, &after, Some((&flat_a, &flat_b))), Ok(()));
+        assert_eq!(
+            paced_significance(&before, &after, Some((&pa, &pb))),
+            Err(Noise::MachinePace)
+        );
+        // A kernel that unmaps 2x faster at those paces still does.
+        let halved = st(&after.runs.iter().map(|r| r / 2).collect::<Vec<_>>());
+        assert_eq!(paced_significance(&before, &halved, Some((&pa, &pb))), Ok(()));
+        // Paces that do not line up with the iterations are held at the median only.
+        let short = st(&pb.runs[..3]);
+        assert_eq!(paced_significance(&before, &after, Some((&pa, &short))), Ok(()));
     }
 
     #[test]
