@@ -309,13 +309,7 @@ impl Session {
         if let Some(before) = held {
             report.leaks.extend(leaks_of(&before, &name));
         }
-        let CaseRuns {
-            runs,
-            pace,
-            failure,
-            demotion,
-            layout_reruns,
-        } = match result {
+        let CaseRuns { steps, demotion } = match result {
             Ok(r) => r,
             Err(CaseError::Skip(reason)) => return Ok(skip(report, name, reason)),
             Err(CaseError::Fail(error)) => {
@@ -339,10 +333,10 @@ impl Session {
             None => (Drained::default(), Vec::new()),
         };
         // Drained above all the same: the next case's slots start empty.
-        if let Some(e @ WorkloadError::HugepagesTaken { .. }) = &failure {
+        if let Some(e @ WorkloadError::HugepagesTaken { .. }) = &steps.failure {
             return Ok(skip(report, name, e.to_string()));
         }
-        if !runs.is_empty() {
+        if !steps.runs.is_empty() {
             let workload = Workload {
                 case: *case,
                 size,
@@ -351,21 +345,21 @@ impl Session {
             let out = attribution::case_report(&CaseInput {
                 label: &name,
                 workload: &workload,
-                runs: &runs,
+                runs: &steps.runs,
                 drained: &drained,
                 symbols: tracing.symbols,
                 rows: &rows,
                 coverage: tracing.coverage,
                 cost: report.probe_cost.as_ref(),
                 demotion: &demotion,
-                pace: &pace,
-                layout_reruns: &layout_reruns,
+                pace: &steps.pace,
+                layout_reruns: &steps.layout_reruns,
             });
             output::write_case(&self.out.path, &out)?;
             report.cases.push(out.report);
         }
         self.spent.borrow_mut().add(Spend::Reporting, reporting.elapsed());
-        match failure {
+        match steps.failure {
             Some(WorkloadError::Interrupted) => return Ok(true),
             Some(e) => report.failed.push(self.failed(name, &e)),
             None => {}
@@ -444,7 +438,7 @@ impl Session {
                 .map_err(CaseError::Probes)?;
         }
         let mut demotion = Demotion::default();
-        let ran = match self.warm_up(&workload, dma.as_mut(), control) {
+        let steps = match self.warm_up(&workload, dma.as_mut(), control) {
             Ok(warm) => {
                 let scout = cost.filter(|_| scouting).map(|cost| Scout {
                     demotion: &mut demotion,
@@ -459,31 +453,16 @@ impl Session {
                 let dma = dma.as_mut();
                 self.run_steps(&workload, (&steps, current), probes.as_deref_mut(), dma, scout, control)?
             }
-            Err(e) => Steps {
-                failure: Some(e),
-                ..Steps::default()
-            },
+            Err(e) => Steps::default().failed(e),
         };
-        let Steps {
-            runs,
-            pace,
-            layout_reruns,
-            failure,
-        } = ran;
         // An exact pass that came last leaves its rows for the next case's to start with.
-        let keep_rows = turn == Turn::ExactLast && failure.is_none();
-        if let Some(p) = probes.filter(|_| failure.is_none() && !keep_rows) {
+        let ok = steps.failure.is_none();
+        if let Some(p) = probes.filter(|_| ok && turn != Turn::ExactLast) {
             self.timed(Spend::Switching, || p.set_groups(&[]))
                 .map_err(CaseError::Probes)?;
         }
         self.timed(Spend::Opening, || drop((dma, reservation)));
-        Ok(CaseRuns {
-            runs,
-            pace,
-            failure,
-            demotion,
-            layout_reruns,
-        })
+        Ok(CaseRuns { steps, demotion })
     }
 
     /// Runs the passes' iterations in `steps` order (from the `current` pass's probes),
@@ -977,14 +956,9 @@ fn traced(passes: &[Pass]) -> bool {
 
 /// The iterations of one case that ran, by pass, and what stopped the rest.
 struct CaseRuns {
-    runs: PassRuns,
-    /// The machine's pace before each untraced iteration ([`Pace`]).
-    pace: Vec<u64>,
-    failure: Option<WorkloadError>,
+    steps: Steps,
     /// The rows its exact pass ran without.
     demotion: Demotion,
-    /// Traced iterations run again for their layout.
-    layout_reruns: Vec<LayoutRerun>,
 }
 
 /// Times a sampled iteration may run again for its layout ([`Session::far_layout`]): each
@@ -1011,6 +985,7 @@ struct Steps {
     runs: PassRuns,
     /// The machine's pace before each untraced iteration ([`Pace`]).
     pace: Vec<u64>,
+    /// Sampled iterations run again for their layout.
     layout_reruns: Vec<LayoutRerun>,
     /// What stopped them.
     failure: Option<WorkloadError>,
