@@ -13,7 +13,7 @@ use crate::{
     flamegraph::{self, Folded},
     html,
     output::OutputError,
-    report::{self, PhaseReport, ReadError, Report, Stats},
+    report::{self, PhaseReport, ReadError, Report},
     size::HumanSize,
     sys,
     table::ms,
@@ -73,10 +73,7 @@ pub struct RunDiff {
     pub warnings: Vec<String>,
 }
 
-pub use crate::significance::{MIN_CHANGE_NS, Noise, SAME_PACE, paced_significance, significance};
-
-/// Two runs' paces beside their untraced iterations, where both have them.
-type Paces<'a> = Option<(&'a Stats, &'a Stats)>;
+pub use crate::significance::{MIN_CHANGE_NS, Noise, Paces, SAME_PACE, pace_ratio, paced_significance, significance};
 
 fn phase_diff(case: &str, pa: &PhaseReport, pb: &PhaseReport, paces: Paces) -> PhaseDiff {
     let (b, a) = (pa.wall_ns.median, pb.wall_ns.median);
@@ -101,8 +98,6 @@ fn phase_diff(case: &str, pa: &PhaseReport, pb: &PhaseReport, paces: Paces) -> P
     let noise = paced_significance(&pa.wall_ns, &pb.wall_ns, paces)
         .err()
         .map(|n| n.to_string());
-    // The machine's pace in the second run over the first's.
-    let pace = (paces.filter(|(a, b)| a.median > 0 && b.median > 0)).map(|(a, b)| b.median as f64 / a.median as f64);
     PhaseDiff {
         case: case.to_owned(),
         phase: pa.name,
@@ -112,7 +107,7 @@ fn phase_diff(case: &str, pa: &PhaseReport, pb: &PhaseReport, paces: Paces) -> P
         delta_pct: if b == 0 { 0.0 } else { delta as f64 / b as f64 * 100.0 },
         ratio: (b > 0).then(|| a as f64 / b as f64),
         significant: noise.is_none(),
-        pace_ratio: pace,
+        pace_ratio: pace_ratio(paces),
         noise,
         exact,
         sampled_pp,

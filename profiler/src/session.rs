@@ -582,9 +582,9 @@ impl Session {
     }
 
     /// Whether a traced iteration (`pass`, recorded in slot iteration `at`; its phases
-    /// `walls`) came in a layout far from `near`, the other traced pass's physical runs
-    /// ([`layout::far_apart`]); if so its slots are cleared for it to run again. The two
-    /// traced passes then split like work, and their shares can be held against each other.
+    /// `walls`) came in a layout far from `near`, the exact iteration's physical runs
+    /// ([`crate::layout::far_apart`]); if so its slots are cleared for it to run again. The
+    /// two traced passes then split like work, and their shares can be held against each other.
     /// The rerun stays on the same probes, so it costs one iteration and no switch; where the
     /// sampled iteration runs before the exact one (the turns where the exact pass comes last
     /// and leaves its rows attached) there is nothing to come near yet.
@@ -603,8 +603,8 @@ impl Session {
             return Ok(None);
         }
         eprintln!(
-            "dmaprof: {}: the {pass} iteration's buffer came in {got} physically contiguous runs, the other \
-             traced pass's in {other}: running it again",
+            "dmaprof: {}: the {pass} iteration's buffer came in {got} physically contiguous runs, the exact \
+             iteration's in {other}: running it again",
             workload.case.name()
         );
         for slot in attribution::iteration_slots(at) {

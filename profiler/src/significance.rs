@@ -49,13 +49,12 @@ pub const SAME_PACE: f64 = 0.03;
 pub fn paced_significance(
     before: &crate::report::Stats,
     after: &crate::report::Stats,
-    paces: Option<(&crate::report::Stats, &crate::report::Stats)>,
+    paces: Paces,
 ) -> Result<(), Noise> {
     significance(before, after)?;
-    let Some((pa, pb)) = paces.filter(|(a, b)| a.median > 0 && b.median > 0) else {
+    let (Some((pa, pb)), Some(pace)) = (paces, pace_ratio(paces)) else {
         return Ok(());
     };
-    let pace = pb.median as f64 / pa.median as f64;
     if (pace - 1.0).abs() < SAME_PACE {
         return Ok(());
     }
@@ -66,6 +65,16 @@ pub fn paced_significance(
         (Some(b), Some(a)) => significance(&b, &a).map_err(|_| Noise::MachinePace),
         _ => Ok(()),
     }
+}
+
+/// Two runs' machine paces beside their untraced iterations (`floors::Pace`), first run's
+/// first, where both have them.
+pub type Paces<'a> = Option<(&'a crate::report::Stats, &'a crate::report::Stats)>;
+
+/// The machine's pace in the second run over the first's, by their medians.
+pub fn pace_ratio(paces: Paces) -> Option<f64> {
+    let (a, b) = paces.filter(|(a, b)| a.median > 0 && b.median > 0)?;
+    Some(b.median as f64 / a.median as f64)
 }
 
 /// `times` with each iteration scaled to pace `unit` by the pace timed right before it (None
