@@ -717,6 +717,17 @@ mod tests {
         // A kernel that unmaps 2x faster at those paces still does.
         let halved = st(&after.runs.iter().map(|r| r / 2).collect::<Vec<_>>());
         assert_eq!(paced_significance(&before, &halved, Some((&pa, &pb))), Ok(()));
+        // 64 MiB against 256 MiB in one boot, one pace of the larger run timed through a stall:
+        // 4x apart whatever the paces.
+        let (small, large) = (
+            st(&[51_995_446, 50_249_924, 48_937_694, 49_887_383, 50_612_453]),
+            st(&[177_866_589, 202_185_816, 206_425_130]),
+        );
+        let (ps, pl) = (
+            st(&[3_183_732, 3_148_410, 2_972_024, 3_023_526, 3_017_773]),
+            st(&[3_658_685, 3_875_666, 2_258_581]),
+        );
+        assert_eq!(paced_significance(&small, &large, Some((&ps, &pl))), Ok(()));
         // Paces that do not line up with the iterations are held at the median only.
         let short = st(&pb.runs[..3]);
         assert_eq!(paced_significance(&before, &after, Some((&pa, &short))), Ok(()));
