@@ -455,9 +455,11 @@ impl Session {
             }
             Err(e) => Steps::default().failed(e),
         };
-        // An exact pass that came last leaves its rows for the next case's to start with.
+        // An exact pass that came last leaves its rows for the next case's to start with
+        // (unless a sampled iteration ran again after it: then the sampler is attached).
         let ok = steps.failure.is_none();
-        if let Some(p) = probes.filter(|_| ok && turn != Turn::ExactLast) {
+        let leave = turn == Turn::ExactLast && probes.as_deref().is_some_and(Probes::rows_linked);
+        if let Some(p) = probes.filter(|_| ok && !leave) {
             self.timed(Spend::Switching, || p.set_groups(&[]))
                 .map_err(CaseError::Probes)?;
         }
@@ -504,6 +506,7 @@ impl Session {
                 pass,
                 index,
                 near: out.near(pass),
+                reruns: MAX_LAYOUT_RERUNS,
             };
             match self.run_step(
                 workload,
@@ -515,13 +518,78 @@ impl Session {
             )? {
                 Ok((r, reruns)) => {
                     let at = self.slot_iteration(pass, index).unwrap_or(index);
+                    if pass == Pass::Sampled && step.near.is_none() {
+                        out.unmatched.push(at);
+                    }
                     out.runs.entry(pass).or_default().push((at, r));
                     out.layout_reruns.extend(reruns);
                 }
                 Err(e) => return Ok(out.failed(e)),
             }
         }
+        if let Some(p) = probes
+            && let Err(e) = self.match_after_exact(p, workload, &mut out, dma, control)?
+        {
+            return Ok(out.failed(e));
+        }
         Ok(out)
+    }
+
+    /// The sampled iterations that ran before any exact one (the turns where the exact pass
+    /// comes last) and whose buffers came in a layout far from the exact iteration's run again
+    /// after it, on the sampled pass's probes (see [`Session::far_layout`]). The exact
+    /// iteration follows the scout, a slow iteration, and its 4 KiB buffer comes in few runs,
+    /// while a sampled iteration after an untraced one mostly comes in many: in a default
+    /// matrix 6 of the 7 4 KiB memfd cases whose exact pass came last timed 26183-29260 runs
+    /// sampled against 639-1782 exact, and three of them read 11-14 points apart. Switching
+    /// back costs the rows' detach, which the next case would otherwise have shared.
+    fn match_after_exact(
+        &self,
+        p: &mut Probes,
+        workload: &Workload,
+        out: &mut Steps,
+        mut dma: Option<&mut DmaContext>,
+        control: &Control,
+    ) -> Result<Result<(), WorkloadError>, CaseError> {
+        let near = out.near(Pass::Sampled);
+        let mut switched = false;
+        for at in std::mem::take(&mut out.unmatched) {
+            let ran = out
+                .runs
+                .get(&Pass::Sampled)
+                .and_then(|r| r.iter().find(|(a, _)| *a == at));
+            let Some(walls) = ran.map(|(_, w)| w.clone()) else {
+                continue;
+            };
+            let Some(rerun) = self.far_layout(p, (Pass::Sampled, at), &walls, near, workload)? else {
+                continue;
+            };
+            out.layout_reruns.push(rerun);
+            if !switched {
+                control.enter(Stage::Switching(workload.case.name(), Pass::Sampled));
+                if let Err(e) = self.switch(p, Pass::Sampled.groups(), workload, dma.as_deref_mut(), control)? {
+                    return Ok(Err(e));
+                }
+                switched = true;
+            }
+            let step = Step {
+                pass: Pass::Sampled,
+                index: at - self.opts.traced_iterations,
+                near,
+                reruns: MAX_LAYOUT_RERUNS - 1,
+            };
+            match self.run_step(workload, step, Some(&mut *p), dma.as_deref_mut(), None, control)? {
+                Ok((r, reruns)) => {
+                    let runs = out.runs.entry(Pass::Sampled).or_default();
+                    if let Some(slot) = runs.iter_mut().find(|(a, _)| *a == at) {
+                        slot.1 = r;
+                    }
+                    out.layout_reruns.extend(reruns);
+                }
+                Err(e) => return Ok(Err(e)),
+            }
+        }
+        Ok(Ok(()))
     }
 
     /// Runs iteration `index` of `pass`; an exact one that outgrew its `scout` runs once more
@@ -531,7 +599,12 @@ impl Session {
     fn run_step(
         &self,
         workload: &Workload,
-        Step { pass, index, near }: Step,
+        Step {
+            pass,
+            index,
+            near,
+            reruns: allowed,
+        }: Step,
         mut probes: Option<&mut Probes>,
         mut dma: Option<&mut DmaContext>,
         mut scout: Option<&mut Scout<'_>>,
@@ -569,9 +642,7 @@ impl Session {
                 Err(e) => return Ok(Err(e)),
             }
             let far = match (probes.as_deref_mut(), slot_iteration) {
-                (Some(p), Some(at)) if reruns.len() < MAX_LAYOUT_RERUNS => {
-                    self.far_layout(p, (pass, at), &r, near, workload)?
-                }
+                (Some(p), Some(at)) if reruns.len() < allowed => self.far_layout(p, (pass, at), &r, near, workload)?,
                 _ => None,
             };
             match far {
@@ -587,7 +658,8 @@ impl Session {
     /// two traced passes then split like work, and their shares can be held against each other.
     /// The rerun stays on the same probes, so it costs one iteration and no switch; where the
     /// sampled iteration runs before the exact one (the turns where the exact pass comes last
-    /// and leaves its rows attached) there is nothing to come near yet.
+    /// and leaves its rows attached) there is nothing to come near yet, and
+    /// [`Session::match_after_exact`] holds it against the exact iteration afterwards.
     fn far_layout(
         &self,
         p: &mut Probes,
@@ -847,7 +919,8 @@ struct Scout<'a> {
 /// Where a case's exact pass goes. Attaching or detaching the rows patches the kernel once per
 /// row, about 30 ms each under emulation, so cases take turns: one ends with its exact pass
 /// and leaves the rows attached, the next starts with its own. Each case then attaches or
-/// detaches them once instead of both.
+/// detaches them once instead of both (but for a sampled iteration that must run again after
+/// the exact pass: [`Session::match_after_exact`] takes the rows off for it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Turn {
     /// The rows are attached (from the case before): the exact pass comes first.
@@ -970,13 +1043,14 @@ const MAX_LAYOUT_RERUNS: usize = 2;
 /// An iteration's phases, and the layout reruns it took.
 type Ran = (Vec<PhaseRun>, Vec<LayoutRerun>);
 
-/// One iteration to run: its pass and index, and the physical runs its buffer is to come
-/// near ([`Steps::near`]).
+/// One iteration to run: its pass and index, the physical runs its buffer is to come near
+/// ([`Steps::near`]), and how often it may run again for that.
 #[derive(Clone, Copy)]
 struct Step {
     pass: Pass,
     index: u32,
     near: Option<u64>,
+    reruns: usize,
 }
 
 /// The iterations of a case's passes that ran ([`Session::run_steps`]).
@@ -987,6 +1061,8 @@ struct Steps {
     pace: Vec<u64>,
     /// Sampled iterations run again for their layout.
     layout_reruns: Vec<LayoutRerun>,
+    /// The slot iterations of sampled iterations that ran with no exact one to come near.
+    unmatched: Vec<u32>,
     /// What stopped them.
     failure: Option<WorkloadError>,
 }
