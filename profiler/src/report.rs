@@ -219,10 +219,10 @@ pub struct Sweep {
 pub struct SweepPhase {
     /// Phase.
     pub phase: Phase,
-    /// The headline (untraced median) wall time against the size.
+    /// The fastest untraced iteration's wall time against the size.
     pub total: Fit,
-    /// Each category's time (its per-page cost times the pages) against the size, for the
-    /// categories holding 2% or more of the phase at the largest size.
+    /// Each category's time against the size (its share of the phase times that fastest
+    /// iteration), for the categories holding 2% or more of the phase at the largest size.
     pub categories: BTreeMap<Category, Fit>,
 }
 

@@ -40,7 +40,7 @@ fn sweeps(report: &Report) -> String {
         return out;
     }
     out += "
-Size sweep (least squares: fixed + per GiB, R^2, shape; plots in <case>/sweep.svg):
+Size sweep (least squares over each size's fastest untraced iteration: fixed + per GiB, R^2, shape; plots in <case>/sweep.svg):
 ";
     for s in &report.sweeps {
         let _ = writeln!(out, "  {}", s.case);

@@ -1454,14 +1454,21 @@ const PER_PAGE: [&str; 8] = [
     "unpinning",
 ];
 
-/// `-b 64M,128M,256M`: every case is fitted, the map's total and each per-page category holding
-/// 10% or more of it follow a line with R^2 >= 0.95, and each case has its plot. Three exact
-/// iterations, so that the breakdown is the median one's: a single iteration once held 46 ms
-/// in `vfio_lock_acct` (waiting for the mm's lock; 0.3 ms at the size below) and bent the
-/// accounting line.
+/// `-b 64M,128M,256M`: every case is fitted and has its plot; each size's point of the map's
+/// total is that size's fastest untraced iteration; the total and each per-page category
+/// holding 10% or more of it rise with every size and cost more than nothing per GiB; and the
+/// kernel pinned exactly the buffer's 4 KiB pages at each size (`__get_user_pages`).
+///
+/// R^2 is noted, not judged: on a shared host the guest's speed flips between two levels 1.45x
+/// apart for seconds at a time (a host busy loop here, the CI host), and the sizes run one
+/// after another, so all of one size's iterations can land on the slow level (R^2 0.77-0.93 on
+/// three CI boots). How a fit's R^2 names its shape is the unit tests' (`sweep::fit`). Three
+/// exact iterations, so that the breakdown is the median one's: a single iteration once held
+/// 46 ms in `vfio_lock_acct` (waiting for the mm's lock; 0.3 ms at the size below) and bent
+/// the accounting line.
 fn size_sweep(c: &Ctx) -> Outcome {
     let args = format!(
-        "-b 64M,128M,256M {} -n 3 --traced-iterations 3 --passes untraced,exact",
+        "-b 64M,128M,256M {} -n 7 --traced-iterations 3 --passes untraced,exact",
         SWEPT_CASES.map(|n| format!("-v {n}")).join(" ")
     );
     let r = guest_run(c, "sweep", &args)?;
@@ -1469,38 +1476,12 @@ fn size_sweep(c: &Ctx) -> Outcome {
     let mut problems = Vec::new();
     let mut notes = Vec::new();
     for name in SWEPT_CASES {
-        let Some(s) = r["sweeps"].as_array().into_iter().flatten().find(|s| s["case"] == name) else {
-            problems.push(format!("{name}: no sweep"));
-            continue;
-        };
+        match sweep_check(&r, name) {
+            Ok(n) => notes.extend(n),
+            Err(why) => problems.push(format!("{name}: {why}")),
+        }
         if !dir.join(format!("{name}/sweep.svg")).exists() {
             problems.push(format!("{name}: no sweep.svg"));
-        }
-        let Some(map) = s["phases"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|p| p["phase"] == "map")
-        else {
-            problems.push(format!("{name}: the map is not fitted"));
-            continue;
-        };
-        let largest = |f: &Value| f["points"].as_array().and_then(|p| p.last()).map_or(0.0, |p| ns(&p[1]));
-        let total = largest(&map["total"]).max(1.0);
-        let mut lines = vec![("total".to_owned(), &map["total"])];
-        if let Some(cats) = map["categories"].as_object() {
-            lines.extend(
-                cats.iter()
-                    .filter(|(c, f)| PER_PAGE.contains(&c.as_str()) && largest(f) >= 0.1 * total)
-                    .map(|(c, f)| (c.clone(), f)),
-            );
-        }
-        for (what, f) in lines {
-            let r2 = f["r2"].as_f64().unwrap_or(0.0);
-            notes.push(format!("{name} map {what} R^2 {r2:.3} ({})", f["shape"]));
-            if r2 < 0.95 {
-                problems.push(format!("{name} map {what}: R^2 {r2:.3} < 0.95 ({f})"));
-            }
         }
     }
     if problems.is_empty() {
@@ -1508,6 +1489,72 @@ fn size_sweep(c: &Ctx) -> Outcome {
     } else {
         Err(format!("{} ({})", problems.join("; "), notes.join("; ")))
     }
+}
+
+/// One swept case of [`size_sweep`]: its notes, or what is wrong.
+fn sweep_check(r: &Value, name: &str) -> Result<Vec<String>, String> {
+    let sweep = r["sweeps"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|s| s["case"] == name)
+        .ok_or("no sweep")?;
+    let map = sweep["phases"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["phase"] == "map")
+        .ok_or("the map is not fitted")?;
+    let points = |f: &Value| -> Vec<(f64, f64)> {
+        f["points"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|p| (ns(&p[0]), ns(&p[1])))
+            .collect()
+    };
+    for (bytes, point) in points(&map["total"]) {
+        let size = ByteSize::new(bytes as u64).map_err(|e| e.to_string())?;
+        let phase = phase(case(r, &format!("{name}@{}", size.short()))?, "map")?;
+        let fastest = ns(&phase["wall_ns"]["min"]);
+        if point != fastest {
+            return Err(format!(
+                "the {size} point is {point} ns, its fastest untraced iteration {fastest} ns"
+            ));
+        }
+        let pinned = exact_row(phase, "__get_user_pages").map_or(0.0, |row| ns(&row["amount"]));
+        if pinned != bytes / 4096.0 {
+            return Err(format!(
+                "at {size} the kernel pinned {pinned} pages, not {}",
+                bytes / 4096.0
+            ));
+        }
+    }
+    let largest = |f: &Value| points(f).last().map_or(0.0, |p| p.1);
+    let total = largest(&map["total"]).max(1.0);
+    let mut lines = vec![("total".to_owned(), &map["total"])];
+    if let Some(cats) = map["categories"].as_object() {
+        lines.extend(
+            cats.iter()
+                .filter(|(c, f)| PER_PAGE.contains(&c.as_str()) && largest(f) >= 0.1 * total)
+                .map(|(c, f)| (c.clone(), f)),
+        );
+    }
+    let mut notes = Vec::new();
+    for (what, f) in lines {
+        let (pts, per_gib) = (points(f), ns(&f["ns_per_gib"]));
+        notes.push(format!(
+            "{name} map {what} {:.0} ms/GiB, R^2 {:.3} ({})",
+            per_gib / 1e6,
+            ns(&f["r2"]),
+            f["shape"]
+        ));
+        let rising = pts.windows(2).all(|w| w[1].1 > w[0].1);
+        if pts.len() != 3 || !rising || per_gib <= 0.0 || f["shape"] == "constant" {
+            return Err(format!("the map's {what} does not rise with the size: {f}"));
+        }
+    }
+    Ok(notes)
 }
 
 /// The largest gap, in percentage points, between a phase's exact share (of its wall time
