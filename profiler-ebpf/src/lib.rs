@@ -270,6 +270,9 @@ pub struct PhaseCounters {
     pub blocked: u64,
     /// Time it spent off the CPU: from each switch away to the switch back, in ns.
     pub off_cpu_ns: u64,
+    /// Of that, the time after switches away outside every syscall (preempted on the way back
+    /// to user space, or in user space): time no syscall's `syscall_ns` holds.
+    pub off_cpu_outside_ns: u64,
     /// Time the sampler's program took over this phase's samples (its kernel stack walks
     /// mostly), in ns.
     pub sampler_ns: u64,
@@ -390,8 +393,8 @@ pub struct OffCpu {
     pub task: u64,
     /// The phase slot it left in.
     pub phase: u32,
-    /// Reserved; keeps the struct 8-byte sized.
-    pub _reserved: u32,
+    /// 1 when it left with no syscall in progress (after its exit, or in user space).
+    pub outside_syscall: u32,
 }
 
 /// The workload thread's syscall in progress (raw_syscalls:sys_enter -> sys_exit).

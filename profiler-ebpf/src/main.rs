@@ -289,13 +289,15 @@ pub fn sched_switch(ctx: RawTracePointContext) -> u32 {
         // SAFETY: reading the current task's address has no preconditions; it is only
         // compared, never dereferenced.
         let task = unsafe { bpf_get_current_task() };
+        // sys_exit has run when a long syscall is preempted on its way back to user space.
+        let in_syscall = SYSCALL_ENTER.get(0).is_some_and(|e| e.enter_ns != 0);
         // SAFETY: valid map value pointer for the duration of the program.
         unsafe {
             *off = OffCpu {
                 out_ns: now,
                 task,
                 phase,
-                _reserved: 0,
+                outside_syscall: u32::from(!in_syscall),
             };
         }
         return 0;
@@ -307,7 +309,11 @@ pub fn sched_switch(ctx: RawTracePointContext) -> u32 {
         return 0;
     }
     if let Some(c) = counters(left.phase) {
-        c.off_cpu_ns += now.saturating_sub(left.out_ns);
+        let away = now.saturating_sub(left.out_ns);
+        c.off_cpu_ns += away;
+        if left.outside_syscall != 0 {
+            c.off_cpu_outside_ns += away;
+        }
     }
     // SAFETY: as above.
     unsafe { (*off).out_ns = 0 };

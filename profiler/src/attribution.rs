@@ -517,9 +517,9 @@ fn resolve_stacks(samples: &[RawSample], symbols: Option<&KernelSymbols>) -> Vec
         .collect()
 }
 
-/// The exact breakdown of `phase` for its median iteration: categories + probe overhead +
-/// unattributed = that iteration's wall time. `untraced` (the untraced pass's wall times, when
-/// it ran) sets the probe overhead.
+/// The exact breakdown of `phase` for its median iteration: categories + probe overhead + time
+/// off the CPU outside syscalls + unattributed = that iteration's wall time. `untraced` (the
+/// untraced pass's wall times, when it ran) sets the probe overhead.
 fn exact_breakdown(
     phase: Phase,
     exact: &[(u32, &PhaseRun)],
@@ -568,7 +568,8 @@ fn exact_breakdown(
         .map_or(0, |k| charge_overhead(&mut rows, events, k, unprobed));
     let (categories, split_ns) = categorise(&mut rows, unprobed - unprobed_overhead, owners, phase);
     let probe_overhead_ns = costs.map(|_| rows.iter().map(|r| r.overhead_ns).sum::<u64>() + unprobed_overhead);
-    let sum: u64 = categories.values().sum::<u64>() + probe_overhead_ns.unwrap_or(0);
+    let off_cpu_outside_ns = (phase.is_syscall() && input.coverage.switches).then_some(c.off_cpu_outside_ns);
+    let sum: u64 = categories.values().sum::<u64>() + probe_overhead_ns.unwrap_or(0) + off_cpu_outside_ns.unwrap_or(0);
     let probe_hits = rows.iter().map(|r| r.calls).sum();
     rows.extend(demoted_rows(input, phase));
     Exact {
@@ -586,6 +587,7 @@ fn exact_breakdown(
         physical_runs: run.physical_runs,
         probe_overhead_calibrated_ns: calibrated,
         probe_hits,
+        off_cpu_outside_ns,
         unattributed_ns: run.wall_ns as i64 - sum as i64,
         rows,
         lost_events: c.stack_overflow + c.unmatched_exit,
@@ -1159,6 +1161,10 @@ pub fn summary_folded(phases: &[PhaseReport]) -> Folded {
             }
         }
         f.add([name, "[probe overhead]"], p.exact.probe_overhead_ns.unwrap_or(0));
+        f.add(
+            [name, "[off CPU outside syscalls]"],
+            p.exact.off_cpu_outside_ns.unwrap_or(0),
+        );
         let other = p.exact.categories.get(&Category::Other).copied().unwrap_or(0);
         f.add(
             [name, "cat:other", "[syscall, unprobed]"],
@@ -1550,6 +1556,35 @@ mod tests {
         assert_eq!(out.summary.stacks["map;[unattributed]"], 100);
         assert_eq!(out.report.map_ioctl.as_deref(), Some("VFIO_IOMMU_MAP_DMA"));
         assert!(out.report.phases.iter().all(|p| p.name != Phase::Touch));
+    }
+
+    #[test]
+    fn time_off_the_cpu_outside_syscalls_is_its_own_part_of_the_wall() {
+        let mut s = synthetic();
+        // 60 of the map's 100 ns outside its syscall were spent preempted after the exit.
+        s.drained.counters[0].1.off_cpu_outside_ns = 60;
+        let out = case_report(&s.input());
+        let e = &phase_of(&out, Phase::Map).exact;
+        assert_eq!((e.off_cpu_outside_ns, e.unattributed_ns), (Some(60), 40));
+        assert_eq!(
+            e.categories.values().sum::<u64>() as i64 + 60 + e.unattributed_ns,
+            1_000_000,
+            "categories + probe cost + off the CPU outside syscalls + unattributed = wall"
+        );
+        assert_eq!(
+            e.share_base(),
+            1_000_000 - 60,
+            "the shares leave it out, as the samples do"
+        );
+        assert_eq!(out.summary.stacks["map;[off_CPU_outside_syscalls]"], 60);
+        s.coverage.switches = false;
+        let out = case_report(&s.input());
+        let e = &phase_of(&out, Phase::Map).exact;
+        assert_eq!(
+            (e.off_cpu_outside_ns, e.unattributed_ns),
+            (None, 100),
+            "not traced: not known"
+        );
     }
 
     /// An iteration whose map takes `map` ns on a buffer in `runs` physical runs.

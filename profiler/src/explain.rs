@@ -627,7 +627,7 @@ pub fn checks(report: &Report) -> Vec<String> {
     for case in &report.cases {
         for p in &case.phases {
             let e = &p.exact;
-            let wall = e.wall_less_cost();
+            let wall = e.share_base();
             // In touch, what samples split leaves unattributed is the loop's own user time.
             let user_only = !p.name.is_syscall() && e.split_ns > 0;
             if e.available && !user_only && wall >= 1_000_000 && e.unattributed_ns.unsigned_abs() * 50 > wall {

@@ -636,8 +636,15 @@ pub struct Exact {
     /// Probed calls in this iteration (each one an entry and a return probe hit).
     #[serde(default)]
     pub probe_hits: u64,
-    /// wall - sum(categories) - probe overhead: user space, exception entry, and whatever no
-    /// probe saw.
+    /// Time this iteration spent off the CPU after switches away outside every syscall of a
+    /// syscall phase: mostly a long syscall preempted on its way back to user space, after its
+    /// exit (a non-preemptible kernel reschedules there). Wall time, but not the kernel's work
+    /// for the phase, so not in `unattributed_ns` and not in what the shares are of. None when
+    /// context switches were not traced or the phase is no syscall.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub off_cpu_outside_ns: Option<u64>,
+    /// wall - sum(categories) - probe overhead - time off the CPU outside syscalls: user
+    /// space, exception entry, and whatever no probe saw.
     pub unattributed_ns: i64,
     /// Per probed function.
     pub rows: Vec<ExactRow>,
@@ -666,14 +673,21 @@ impl Exact {
         self.wall_ns.saturating_sub(self.probe_overhead_ns.unwrap_or(0))
     }
 
-    /// The share of `cat` in [`Exact::wall_less_cost`]; `user` is the unattributed rest (which
-    /// can be below zero by the clock's noise).
+    /// What the shares are of: [`Exact::wall_less_cost`] less the time off the CPU outside
+    /// syscalls (the sampled shares leave time off the CPU out too).
+    pub fn share_base(&self) -> u64 {
+        self.wall_less_cost()
+            .saturating_sub(self.off_cpu_outside_ns.unwrap_or(0))
+    }
+
+    /// The share of `cat` in [`Exact::share_base`]; `user` is the unattributed rest (which can
+    /// be below zero by the clock's noise).
     pub fn share(&self, cat: Category) -> f64 {
         let ns = match cat {
             Category::User => self.unattributed_ns as f64,
             c => self.categories.get(&c).copied().unwrap_or(0) as f64,
         };
-        ns / self.wall_less_cost().max(1) as f64
+        ns / self.share_base().max(1) as f64
     }
 }
 

@@ -390,10 +390,13 @@ fn exact_row(p: &PhaseReport, columns: &[Category]) -> String {
         (Some(OverheadBasis::Calibration), _) => " per calibration".into(),
         (None, _) => String::new(),
     };
-    let cost = p.exact.probe_overhead_ns.map_or(String::new(), |o| {
+    let mut cost = p.exact.probe_overhead_ns.map_or(String::new(), |o| {
         format!("probes cost {} ms of it{basis} ({} calls)", ms(o), p.exact.probe_hits)
     });
-    let _ = write!(out, "  {:<13}{:>10}{cost:>78}", "  exact", ms(p.exact.wall_ns));
+    if let Some(off) = p.exact.off_cpu_outside_ns.filter(|n| *n > 0) {
+        let _ = write!(cost, "; {} ms off the CPU outside syscalls", ms(off));
+    }
+    let _ = write!(out, "  {:<13}{:>10} {cost:>77}", "  exact", ms(p.exact.wall_ns));
     for c in columns {
         let _ = write!(out, " {:>9}", format!("{:.0}%", p.exact.share(*c) * 100.0));
     }
@@ -500,7 +503,8 @@ fn off_cpu_footer(report: &Report) -> String {
     }
     format!(
         "\noff the CPU: {} phase(s) spent a tenth or more of their exact iteration off the CPU ({}): \
-         that time is in the row the thread left from, and varies with the machine's other work\n",
+         inside a syscall that time is in the row the thread left from, outside one it is its own part of \
+         the exact row; it varies with the machine's other work\n",
         heavy.len(),
         first_three(&heavy, "; ")
     )

@@ -622,6 +622,13 @@ fn ns(v: &Value) -> f64 {
     v.as_f64().unwrap_or(0.0)
 }
 
+/// What an exact breakdown's shares are of (`Exact::share_base`): its wall time less the
+/// probes' cost and the time off the CPU outside syscalls.
+fn share_base(exact: &Value) -> f64 {
+    let e = exact;
+    (ns(&e["wall_ns"]) - ns(&e["probe_overhead_ns"]) - ns(&e["off_cpu_outside_ns"])).max(1.0)
+}
+
 /// Every mode x backing x prefault the custom kernel supports runs and reports every
 /// phase and its map's physical layout; iommufd maps memfd with IOMMU_IOAS_MAP_FILE.
 fn dma_matrix_custom(c: &Ctx) -> Outcome {
@@ -1063,14 +1070,14 @@ impl Tier {
 }
 
 /// The worst `other` + unattributed share of the map and unmap phases per tier of
-/// [`UNEXPLAINED_TIERS`] (shares of the exact iteration less its probe cost): a note, or the
+/// [`UNEXPLAINED_TIERS`] (shares of the exact iteration's [`share_base`]): a note, or the
 /// tiers over their bound.
 fn unexplained_check(r: &Value) -> Result<String, String> {
     let mut worst_other = UNEXPLAINED_TIERS.map(|_| (0.0, String::new()));
     for c in r["cases"].as_array().into_iter().flatten() {
         for p in c["phases"].as_array().into_iter().flatten() {
             let e = &p["exact"];
-            let wall = ns(&e["wall_ns"]) - ns(&e["probe_overhead_ns"]);
+            let wall = share_base(e);
             let tier = UNEXPLAINED_TIERS.iter().position(|t| wall >= t.from_ns);
             if let Some(tier) = tier.filter(|_| p["name"] == "map" || p["name"] == "unmap") {
                 let unexplained = (ns(&e["categories"]["other"]) + ns(&e["unattributed_ns"]).abs()) / wall;
@@ -1114,9 +1121,9 @@ fn attribution(c: &Ctx) -> Outcome {
     let mut problems = Vec::new();
     let mut notes = Vec::new();
     let get = |case_name: &str, p: &str| case(&r, case_name).and_then(|c| phase(c, p)).cloned();
-    // Shares of the exact iteration less what its probes cost.
+    // Shares of the exact iteration, as the report takes them.
     let share = |ph: &Value, cats: &[&str]| {
-        let wall = (ns(&ph["exact"]["wall_ns"]) - ns(&ph["exact"]["probe_overhead_ns"])).max(1.0);
+        let wall = share_base(&ph["exact"]);
         cats.iter().map(|c| ns(&ph["exact"]["categories"][*c])).sum::<f64>() / wall
     };
     match (
@@ -1198,9 +1205,10 @@ fn attribution(c: &Ctx) -> Outcome {
                 .as_object()
                 .map(|m| m.values().map(ns).sum())
                 .unwrap_or(0.0);
-            if (sum + ns(&e["probe_overhead_ns"]) + ns(&e["unattributed_ns"]) - ns(&e["wall_ns"])).abs() > 1.0 {
+            let parts = sum + ns(&e["probe_overhead_ns"]) + ns(&e["off_cpu_outside_ns"]) + ns(&e["unattributed_ns"]);
+            if (parts - ns(&e["wall_ns"])).abs() > 1.0 {
                 problems.push(format!(
-                    "{} {}: categories + probe overhead + unattributed != wall",
+                    "{} {}: categories + probe overhead + off the CPU outside syscalls + unattributed != wall",
                     c["name"], p["name"]
                 ));
             }
@@ -1561,7 +1569,7 @@ fn sweep_check(r: &Value, name: &str) -> Result<Vec<String>, String> {
 /// less probe cost) and its sampled share, over the categories both measure.
 fn exact_vs_sampled_pp(p: &Value) -> f64 {
     let e = &p["exact"];
-    let wall = (ns(&e["wall_ns"]) - ns(&e["probe_overhead_ns"])).max(1.0);
+    let wall = share_base(e);
     // The map's per-page categories (the last two of the list are the unmap's).
     PER_PAGE[..6]
         .iter()
