@@ -626,72 +626,7 @@ pub fn checks(report: &Report) -> Vec<String> {
     let mut out = Vec::new();
     for case in &report.cases {
         for p in &case.phases {
-            let e = &p.exact;
-            let wall = e.share_base();
-            // In touch, what samples split leaves unattributed is the loop's own user time.
-            let user_only = !p.name.is_syscall() && e.split_ns > 0;
-            if e.available && !user_only && wall >= 1_000_000 && e.unattributed_ns.unsigned_abs() * 50 > wall {
-                out.push(format!(
-                    "{} {}: {:.1}% of the exact iteration is unattributed",
-                    case.name,
-                    p.name.name(),
-                    e.unattributed_ns as f64 / wall as f64 * 100.0
-                ));
-            }
-            if p.sampled.lost + e.lost_events > 0 {
-                out.push(format!(
-                    "{} {}: {} events lost; its numbers cover only what was kept",
-                    case.name,
-                    p.name.name(),
-                    p.sampled.lost + e.lost_events
-                ));
-            }
-            if let Some(expected) = crate::report::samples_short(p, report.config.freq_hz) {
-                out.push(format!(
-                    "{} {}: the sampled pass took {} of the ~{expected} samples its time on the CPU gives at {} Hz{}",
-                    case.name,
-                    p.name.name(),
-                    p.sampled.samples,
-                    report.config.freq_hz,
-                    why_samples_short(p, report.config.freq_hz)
-                ));
-            }
-            if let Some(off) = crate::report::off_cpu_heavy(p) {
-                out.push(format!(
-                    "{} {}: the exact iteration was off the CPU for {}: that time is in the row the thread \
-                     left from, not work that row did; run it again or look for what else the machine was doing",
-                    case.name,
-                    p.name.name(),
-                    off.describe(p.exact.wall_ns)
-                ));
-            }
-            if let Some(excess) = crate::report::unexplained_cost(p) {
-                out.push(format!(
-                    "{} {}: the exact iteration ran {} over the untraced one at its layout, and {} of that is \
-                     more than the probe cost taken out ({} for {} hits, {} by the calibration): it stays in \
-                     the rows it landed in, so read the exact shares beside the sampled ones, or run more exact \
-                     iterations (--traced-iterations)",
-                    case.name,
-                    p.name.name(),
-                    ms(e.probe_overhead_measured_ns.unwrap_or(0)),
-                    ms(excess),
-                    ms(e.probe_overhead_ns.unwrap_or(0)),
-                    e.probe_hits,
-                    ms(e.probe_overhead_calibrated_ns.unwrap_or(0))
-                ));
-            }
-            out.extend(scout_outgrown(case, p));
-            if let Some((cat, gap)) = disagreement(p) {
-                let why = match crate::report::layouts_apart(p) {
-                    Some(l) => layouts_told(&l),
-                    None => slowdowns_told(p).unwrap_or_default(),
-                };
-                out.push(format!(
-                    "{} {}: exact and sampled differ by {gap:.0} points on {cat}{why}",
-                    case.name,
-                    p.name.name()
-                ));
-            }
+            phase_checks(case, p, report.config.freq_hz, &mut out);
         }
     }
     out.extend(report.cases.iter().filter_map(|c| demand_against_populate(report, c)));
@@ -704,6 +639,76 @@ pub fn checks(report: &Report) -> Vec<String> {
         ));
     }
     out
+}
+
+/// The checks of one phase, appended to `out`.
+fn phase_checks(case: &CaseReport, p: &PhaseReport, freq_hz: u64, out: &mut Vec<String>) {
+    let e = &p.exact;
+    let wall = e.share_base();
+    // In touch, what samples split leaves unattributed is the loop's own user time.
+    let user_only = !p.name.is_syscall() && e.split_ns > 0;
+    if e.available && !user_only && wall >= 1_000_000 && e.unattributed_ns.unsigned_abs() * 50 > wall {
+        out.push(format!(
+            "{} {}: {:.1}% of the exact iteration is unattributed",
+            case.name,
+            p.name.name(),
+            e.unattributed_ns as f64 / wall as f64 * 100.0
+        ));
+    }
+    if p.sampled.lost + e.lost_events > 0 {
+        out.push(format!(
+            "{} {}: {} events lost; its numbers cover only what was kept",
+            case.name,
+            p.name.name(),
+            p.sampled.lost + e.lost_events
+        ));
+    }
+    if let Some(expected) = crate::report::samples_short(p, freq_hz) {
+        out.push(format!(
+            "{} {}: the sampled pass took {} of the ~{expected} samples its time on the CPU gives at {} Hz{}",
+            case.name,
+            p.name.name(),
+            p.sampled.samples,
+            freq_hz,
+            why_samples_short(p, freq_hz)
+        ));
+    }
+    if let Some(off) = crate::report::off_cpu_heavy(p) {
+        out.push(format!(
+            "{} {}: the exact iteration was off the CPU for {}: that time is in the row the thread \
+                     left from, not work that row did; run it again or look for what else the machine was doing",
+            case.name,
+            p.name.name(),
+            off.describe(p.exact.wall_ns)
+        ));
+    }
+    if let Some(excess) = crate::report::unexplained_cost(p) {
+        out.push(format!(
+            "{} {}: the exact iteration ran {} over the untraced one at its layout, and {} of that is \
+                     more than the probe cost taken out ({} for {} hits, {} by the calibration): it stays in \
+                     the rows it landed in, so read the exact shares beside the sampled ones, or run more exact \
+                     iterations (--traced-iterations)",
+            case.name,
+            p.name.name(),
+            ms(e.probe_overhead_measured_ns.unwrap_or(0)),
+            ms(excess),
+            ms(e.probe_overhead_ns.unwrap_or(0)),
+            e.probe_hits,
+            ms(e.probe_overhead_calibrated_ns.unwrap_or(0))
+        ));
+    }
+    out.extend(scout_outgrown(case, p));
+    if let Some((cat, gap)) = disagreement(p) {
+        let why = match crate::report::layouts_apart(p) {
+            Some(l) => layouts_told(&l),
+            None => slowdowns_told(p).unwrap_or_default(),
+        };
+        out.push(format!(
+            "{} {}: exact and sampled differ by {gap:.0} points on {cat}{why}",
+            case.name,
+            p.name.name()
+        ));
+    }
 }
 
 /// Share of a syscall phase the exact iteration's probe hits may cost by the calibration
