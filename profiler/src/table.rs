@@ -251,8 +251,16 @@ fn layout(case: &CaseReport) -> String {
     } else {
         "the untraced map did not rise with them, so traced iterations are held against its median".into()
     };
+    let off = crate::report::breakdown_off_headline(p, case.size_bytes / 4096).map_or(String::new(), |o| {
+        format!(
+            "; the breakdown is of the exact iteration's layout, which no untraced iteration had ({} ms against \
+             the headline's {} ms)",
+            ms(o.exact_ns),
+            ms(o.headline_ns)
+        )
+    });
     format!(
-        "  physical layout: {}-{} contiguous runs over the untraced iterations{exact}{sampled}{rerun}; {follows}\n",
+        "  physical layout: {}-{} contiguous runs over the untraced iterations{exact}{sampled}{rerun}; {follows}{off}\n",
         runs.min, runs.max,
     )
 }
