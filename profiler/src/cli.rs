@@ -224,6 +224,13 @@ pub struct RunArgs {
     /// (under emulation it is translated again: a fixed cost per switch, not per probe hit).
     #[arg(long)]
     pub no_prime: bool,
+    /// Pause this long (milliseconds) before each iteration of a base-page case (anonymous,
+    /// memfd), so that every iteration takes its pages from an allocator at rest. Back to back,
+    /// a 256 MiB 4 KiB memfd buffer came in about 500 or in 24000-32000 physically contiguous
+    /// runs by chance, and its DMA map took three times as long on the second; after a pause
+    /// of 20 ms or more it came in the first. 0: no pause.
+    #[arg(long, value_name = "MS", default_value_t = 50)]
+    pub settle: u64,
     /// Transparent huge pages for the anonymous and memfd backings: `system` (as configured),
     /// `never` (MADV_NOHUGEPAGE: 4 KiB pages), `always` (MADV_HUGEPAGE). With populate, the
     /// advice goes first and MADV_POPULATE_WRITE populates.
@@ -269,6 +276,7 @@ impl RunArgs {
             thp: self.thp,
             demote_above: self.demote_above / 100.0,
             prime: !self.no_prime,
+            settle: std::time::Duration::from_millis(self.settle),
             started,
         }
     }

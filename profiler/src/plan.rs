@@ -51,6 +51,8 @@ pub struct RunOptions {
     pub demote_above: f64,
     /// Run a primer iteration after every probe switch (see [`crate::matrix::Workload::primer`]).
     pub prime: bool,
+    /// The pause before each iteration of a base-page case (`--settle`).
+    pub settle: std::time::Duration,
 }
 
 /// Case selection and per-case skip reasons, decided before anything runs.
@@ -189,6 +191,7 @@ mod tests {
             thp: Thp::System,
             demote_above: crate::attribution::DEMOTE_ABOVE,
             prime: true,
+            settle: std::time::Duration::ZERO,
         }
     }
 

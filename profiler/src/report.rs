@@ -88,6 +88,9 @@ pub struct Spent {
     pub switching_ns: u64,
     /// The discarded primer iterations after a switch.
     pub priming_ns: u64,
+    /// The pauses before iterations (`--settle`).
+    #[serde(default)]
+    pub settling_ns: u64,
     /// The measured iterations of the untraced pass.
     pub untraced_ns: u64,
     /// The measured iterations of the exact pass.
@@ -109,6 +112,8 @@ pub enum Spend {
     Switching,
     /// See [`Spent::priming_ns`].
     Priming,
+    /// See [`Spent::settling_ns`].
+    Settling,
     /// A measured iteration of this pass.
     Iteration(Pass),
     /// See [`Spent::reporting_ns`].
@@ -123,6 +128,7 @@ impl Spent {
             Spend::WarmUp => &mut self.warm_up_ns,
             Spend::Switching => &mut self.switching_ns,
             Spend::Priming => &mut self.priming_ns,
+            Spend::Settling => &mut self.settling_ns,
             Spend::Iteration(Pass::Untraced) => &mut self.untraced_ns,
             Spend::Iteration(Pass::Exact) => &mut self.exact_ns,
             Spend::Iteration(Pass::Sampled) => &mut self.sampled_ns,
@@ -137,6 +143,7 @@ impl Spent {
             + self.warm_up_ns
             + self.switching_ns
             + self.priming_ns
+            + self.settling_ns
             + self.untraced_ns
             + self.exact_ns
             + self.sampled_ns
@@ -148,7 +155,7 @@ impl Spent {
         let s = |ns: u64| format!("{:.1}", ns as f64 / 1e9);
         format!(
             "cases took {} s: measured iterations untraced {} s, exact {} s, sampled {} s; \
-             warm-up and scout {} s; switching probes {} s; priming {} s; opening {} s; reporting {} s",
+             warm-up and scout {} s; switching probes {} s; priming {} s; settling {} s; opening {} s; reporting {} s",
             s(self.total_ns()),
             s(self.untraced_ns),
             s(self.exact_ns),
@@ -156,6 +163,7 @@ impl Spent {
             s(self.warm_up_ns),
             s(self.switching_ns),
             s(self.priming_ns),
+            s(self.settling_ns),
             s(self.opening_ns),
             s(self.reporting_ns),
         )
@@ -195,6 +203,10 @@ pub struct Config {
     /// Whether a primer iteration ran after each probe switch (false with `--no-prime`).
     #[serde(default = "yes")]
     pub prime: bool,
+    /// The pause before each iteration of a base-page case, in ms (`--settle`; 0 in reports
+    /// from before it).
+    #[serde(default)]
+    pub settle_ms: u64,
 }
 
 fn yes() -> bool {
@@ -804,7 +816,8 @@ pub struct LayoutRerun {
     pub pass: Pass,
     /// The discarded iteration's physical runs.
     pub physical_runs: u64,
-    /// The other traced pass's, which it was run again to come near.
+    /// The layout it was run again to come near: for a sampled iteration the exact
+    /// iteration's, for an exact one the untraced iterations' median.
     pub other_physical_runs: u64,
 }
 

@@ -243,6 +243,7 @@ impl Session {
                 },
                 thp: o.thp,
                 prime: o.prime,
+                settle_ms: o.settle.as_millis() as u64,
             },
             cases: Vec::new(),
             skipped: self.plan.skipped.clone(),
@@ -593,8 +594,8 @@ impl Session {
     }
 
     /// Runs iteration `index` of `pass`; an exact one that outgrew its `scout` runs once more
-    /// with more rows demoted, and a sampled one whose buffer came in a layout far from the
-    /// exact iteration's runs again, up to [`MAX_LAYOUT_RERUNS`] times (see
+    /// with more rows demoted, and a traced one whose buffer came in a layout far from the one
+    /// it is held against (`near`) runs again, up to [`MAX_LAYOUT_RERUNS`] times (see
     /// [`Session::far_layout`]). Returns it and its layout reruns.
     fn run_step(
         &self,
@@ -617,6 +618,7 @@ impl Session {
         loop {
             let traced = probes.as_deref_mut().filter(|_| slot_iteration.is_some());
             let mut obs = SlotObserver::new(traced, slot_iteration.unwrap_or(0), control, &workload.case);
+            self.settle(workload);
             let r = self.timed(Spend::Iteration(pass), || {
                 workload::run_iteration(workload, dma.as_deref_mut(), &mut obs, control.cancel_flag())
             });
@@ -653,9 +655,11 @@ impl Session {
     }
 
     /// Whether a traced iteration (`pass`, recorded in slot iteration `at`; its phases
-    /// `walls`) came in a layout far from `near`, the exact iteration's physical runs
-    /// ([`crate::layout::far_apart`]); if so its slots are cleared for it to run again. The
-    /// two traced passes then split like work, and their shares can be held against each other.
+    /// `walls`) came in a layout far from `near` ([`Steps::near`]: the exact iteration's
+    /// physical runs for a sampled one, the untraced median for an exact one;
+    /// [`crate::layout::far_apart`]); if so its slots are cleared for it to run again. The
+    /// breakdown then describes the work the headline times, the two traced passes split like
+    /// work, and their shares can be held against each other.
     /// The rerun stays on the same probes, so it costs one iteration and no switch; where the
     /// sampled iteration runs before the exact one (the turns where the exact pass comes last
     /// and leaves its rows attached) there is nothing to come near yet, and
@@ -674,9 +678,13 @@ impl Session {
         if !crate::layout::far_apart(got, other, workload.size.pages(4096)) {
             return Ok(None);
         }
+        let against = match pass {
+            Pass::Exact => "the untraced iterations' median",
+            _ => "the exact iteration's",
+        };
         eprintln!(
-            "dmaprof: {}: the {pass} iteration's buffer came in {got} physically contiguous runs, the exact \
-             iteration's in {other}: running it again",
+            "dmaprof: {}: the {pass} iteration's buffer came in {got} physically contiguous runs, {against} in \
+             {other}: running it again",
             workload.case.name()
         );
         for slot in attribution::iteration_slots(at) {
@@ -744,6 +752,7 @@ impl Session {
         control: &Control,
     ) -> Result<Vec<PhaseRun>, WorkloadError> {
         let mut warm = SlotObserver::new(None, 0, control, &workload.case);
+        self.settle(workload);
         self.timed(Spend::WarmUp, || {
             workload::run_iteration(workload, dma, &mut warm, control.cancel_flag())
         })
@@ -775,6 +784,7 @@ impl Session {
             return Ok(Err(e));
         }
         let mut obs = SlotObserver::new(Some(&mut *p), 0, control, case);
+        self.settle(workload);
         let r = self.timed(Spend::WarmUp, || {
             workload::run_iteration(workload, dma.as_deref_mut(), &mut obs, control.cancel_flag())
         });
@@ -835,6 +845,19 @@ impl Session {
             p.discard_slot(loader::PRIMER_SLOT).map_err(CaseError::Probes)?;
         }
         Ok(r)
+    }
+
+    /// Pauses for `--settle` before an iteration of a base-page case (see
+    /// [`crate::plan::RunOptions::settle`]). The pages a buffer gets depend on how long ago the
+    /// last one was freed: back to back, a 4 KiB memfd buffer came in about 500 or in
+    /// 24000-32000 physically contiguous runs by chance, after any pause of 20 ms or more in the
+    /// first. Every iteration waits the same, so the untraced, exact and sampled ones, and the
+    /// iterations after a probe switch (a long pause of its own), time the same layout.
+    /// Hugetlb buffers come from their pool, which keeps no such state.
+    fn settle(&self, workload: &Workload) {
+        if workload.case.backing.hugetlb_kb().is_none() && !self.opts.settle.is_zero() {
+            self.timed(Spend::Settling, || std::thread::sleep(self.opts.settle));
+        }
     }
 
     /// Runs `f`, adding what it took to `what`.
@@ -1034,10 +1057,10 @@ struct CaseRuns {
     demotion: Demotion,
 }
 
-/// Times a sampled iteration may run again for its layout ([`Session::far_layout`]): each
-/// costs one iteration. A buffer's layout is like that of the one two iterations before it,
-/// so the first rerun mostly comes near (7 of 7 in the 256 MiB 4 KiB memfd cases of one run)
-/// and a third would mostly repeat the first.
+/// Times a traced iteration may run again for its layout ([`Session::far_layout`]): each
+/// costs one iteration. Even after the settle pause ([`Session::settle`]) the first full
+/// iteration after a probe switch often comes in another layout (the sampled one in 10 of 12
+/// 256 MiB 4 KiB memfd cases); a rerun, on the same probes, came near in all 10.
 const MAX_LAYOUT_RERUNS: usize = 2;
 
 /// An iteration's phases, and the layout reruns it took.
@@ -1074,13 +1097,23 @@ impl Steps {
     }
 
     /// The layout an iteration of `pass` is to come near: for the sampled pass, the physical
-    /// runs of the last exact iteration so far. The exact pass is not run again for its
-    /// layout: it follows the scout, a slow iteration, and its buffer comes in few runs
-    /// whatever the sampled one's (in a 64 MiB matrix three exact iterations run again twice
-    /// each for sampled ones on 3890-6065 runs came in 320-851 every time).
+    /// runs of the last exact iteration so far (the two traced passes split like work); for
+    /// the exact pass, the median of the untraced iterations' so far (the breakdown is of the
+    /// work the headline times). None before there is one.
     fn near(&self, pass: Pass) -> Option<u64> {
-        let runs = self.runs.get(&Pass::Exact).filter(|_| pass == Pass::Sampled)?;
-        runs.last()?.1.first()?.physical_runs
+        let layouts = |from: Pass| -> Vec<u64> {
+            let runs = self.runs.get(&from).map_or(&[][..], Vec::as_slice);
+            runs.iter().filter_map(|(_, r)| r.first()?.physical_runs).collect()
+        };
+        match pass {
+            Pass::Untraced => None,
+            Pass::Exact => {
+                let mut all = layouts(Pass::Untraced);
+                all.sort_unstable();
+                all.get(all.len() / 2).copied()
+            }
+            Pass::Sampled => layouts(Pass::Exact).last().copied(),
+        }
     }
 }
 
@@ -1205,6 +1238,33 @@ mod tests {
             case_steps(&passes, (2, 1), Turn::Unscouted),
             [(U, 0), (E, 0), (S, 0), (U, 1)]
         );
+    }
+
+    #[test]
+    fn the_exact_pass_is_held_against_the_untraced_median_and_the_sampled_against_the_exact() {
+        let ran = |runs: u64| {
+            vec![PhaseRun {
+                phase: Phase::Mmap,
+                wall_ns: 1,
+                minor_faults: 0,
+                major_faults: 0,
+                context_switches: 0,
+                physical_runs: Some(runs),
+            }]
+        };
+        let mut steps = Steps::default();
+        assert_eq!(steps.near(Pass::Exact), None);
+        assert_eq!(steps.near(Pass::Sampled), None);
+        // The layouts a 256 MiB memfd case's untraced iterations came in, one after a switch.
+        let untraced = steps.runs.entry(Pass::Untraced).or_default();
+        for (i, runs) in [4538, 21369, 400, 427, 400].into_iter().enumerate() {
+            untraced.push((i as u32, ran(runs)));
+        }
+        assert_eq!(steps.near(Pass::Exact), Some(427));
+        assert_eq!(steps.near(Pass::Sampled), None);
+        steps.runs.entry(Pass::Exact).or_default().push((0, ran(693)));
+        assert_eq!(steps.near(Pass::Sampled), Some(693));
+        assert_eq!(steps.near(Pass::Untraced), None);
     }
 
     #[test]

@@ -240,7 +240,10 @@ fn layout(case: &CaseReport) -> String {
     let rerun = if discarded.is_empty() {
         String::new()
     } else {
-        format!(" (run again, far from the other pass's: {})", discarded.join(", "))
+        format!(
+            " (run again, far from the layout they are held against: {})",
+            discarded.join(", ")
+        )
     };
     let follows = if line.follows() {
         format!(
@@ -634,7 +637,7 @@ mod tests {
         assert!(
             line.contains(
                 "613-2824 contiguous runs over the untraced iterations, the exact iteration 602, the sampled 1859 \
-                 (run again, far from the other pass's: sampled 24439)"
+                 (run again, far from the layout they are held against: sampled 24439)"
             ),
             "{line}"
         );

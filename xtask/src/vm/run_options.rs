@@ -17,6 +17,7 @@ pub const VALUED_LONG: &[&str] = &[
     "--prefault",
     "--probes",
     "--sample-map-entries",
+    "--settle",
     "--size",
     "--thp",
     "--traced-iterations",
