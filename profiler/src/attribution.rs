@@ -891,11 +891,43 @@ impl Reference<'_> {
     /// How far the untraced iterations themselves fall from it, each at its own layout: the
     /// most one iteration's noise moved one of them (0 with a single iteration).
     fn band(&self) -> u64 {
+        self.residuals().into_iter().map(f64::abs).fold(0.0, f64::max) as u64
+    }
+
+    /// The untraced iterations' distances from it, each at its own layout (signed: above the
+    /// line positive).
+    fn residuals(&self) -> Vec<f64> {
         let runs = |i: usize| self.runs.and_then(|r| r.runs.get(i).copied());
         (self.stats.runs.iter().enumerate())
-            .map(|(i, w)| w.abs_diff(self.at(runs(i))))
-            .max()
-            .unwrap_or(0)
+            .map(|(i, w)| *w as f64 - self.at(runs(i)) as f64)
+            .collect()
+    }
+
+    /// What the untraced iterations' scatter makes of a sum of `n` traced iterations' times
+    /// less the line (one standard error): each traced iteration scatters as one untraced
+    /// does, and the line is placed only as well as its iterations place it. None with fewer
+    /// than two untraced iterations, whose scatter cannot be read.
+    fn sum_noise(&self, n: u32) -> Option<u64> {
+        let r = self.residuals();
+        let k = r.len();
+        if k < 2 {
+            return None;
+        }
+        let spread = (r.iter().map(|x| x * x).sum::<f64>() / (k - 1) as f64).sqrt();
+        let n = f64::from(n);
+        Some((spread * (n + n * n / k as f64).sqrt()) as u64)
+    }
+
+    /// Whether a buffer of `runs` physical runs lies outside the layouts the line was fit on
+    /// (beyond a tenth either way): the line holds its prediction there at its nearest end.
+    fn beyond(&self, runs: Option<u64>) -> bool {
+        match (self.layout.filter(LayoutModel::follows), runs) {
+            (Some(m), Some(r)) => {
+                let (lo, hi) = m.runs_seen;
+                (r as f64) < lo as f64 * 0.9 || r as f64 > hi as f64 * 1.1
+            }
+            _ => false,
+        }
     }
 
     /// `traced` iterations against it: per iteration at its own layout where known.
@@ -963,8 +995,10 @@ fn pass_cost(input: &CaseInput, phase: Phase, runs: &[(u32, &PhaseRun)], untrace
         sum.calibrated_ns += calibrated_total(&hits, input.cost)? as u64;
         sum.hits += rows.iter().map(|r| r.calls).sum::<u64>() + hits.events;
         sum.measured_ns += run.wall_ns as i64 - untraced.at(run.physical_runs) as i64;
+        sum.beyond_line += u32::from(untraced.beyond(run.physical_runs));
         sum.iterations += 1;
     }
+    sum.noise_ns = untraced.sum_noise(sum.iterations);
     Some(sum)
 }
 
@@ -1678,6 +1712,50 @@ mod tests {
         // Without a calibration there is nothing to hold the measurement against.
         let out = case_report(&s.input());
         assert_eq!(phase_of(&out, Phase::Map).passes[&Pass::Exact].probe_cost, None);
+    }
+
+    #[test]
+    fn the_exact_pass_cost_carries_the_untraced_scatter_and_the_layouts_beyond_the_line() {
+        let it = laid_out;
+        // 1 ms and 0.5 ms either side of a line rising 40 ms over 15500 runs.
+        let untraced = [
+            (69_000_000, 500),
+            (110_000_000, 16_000),
+            (71_000_000, 500),
+            (111_000_000, 16_000),
+        ];
+        let mut s = synthetic();
+        s.runs
+            .insert(Pass::Untraced, (0..).zip(untraced.map(|(m, r)| it(m, r))).collect());
+        // The second exact iteration's buffer lies beyond every untraced one's.
+        s.runs.insert(
+            Pass::Exact,
+            vec![(0, it(75_000_000, 500)), (1, it(140_000_000, 30_000))],
+        );
+        s.drained.rows = vec![
+            one_row(slot(0, Phase::Map), "iommu_map", 1_000, 1_000_000),
+            one_row(slot(1, Phase::Map), "iommu_map", 2_000, 2_000_000),
+        ];
+        s.drained.counters.clear();
+        let cost = costs(1_000.0, 4_000.0);
+        let input = CaseInput {
+            cost: Some(&cost),
+            ..s.input()
+        };
+        let out = case_report(&input);
+        let c = phase_of(&out, Phase::Map).passes[&Pass::Exact].probe_cost.unwrap();
+        assert_eq!(c.beyond_line, 1);
+        // Scatter sqrt(2.5/3) ms per iteration, over two iterations and a line of four.
+        let noise = c.noise_ns.unwrap();
+        assert!((1_500_000..=1_700_000).contains(&noise), "{noise}");
+        // With one untraced iteration its scatter cannot be read.
+        s.runs.insert(Pass::Untraced, vec![(0, it(70_000_000, 500))]);
+        let out = case_report(&CaseInput {
+            cost: Some(&cost),
+            ..s.input()
+        });
+        let c = phase_of(&out, Phase::Map).passes[&Pass::Exact].probe_cost.unwrap();
+        assert_eq!((c.noise_ns, c.beyond_line), (None, 0));
     }
 
     #[test]

@@ -418,6 +418,17 @@ pub struct PassCost {
     /// Their wall time less the untraced line at each one's layout (negative where they ran
     /// under it).
     pub measured_ns: i64,
+    /// How far `measured_ns` can be off by the untraced iterations' own scatter around their
+    /// line (one standard error: each exact iteration scatters as much, and the line itself
+    /// is known only as well as its iterations place it). A measured cost within this of the
+    /// calibrated one cannot tell the calibration wrong (None with fewer than two untraced
+    /// iterations).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub noise_ns: Option<u64>,
+    /// Exact iterations whose buffer came in more or fewer physical runs than any untraced
+    /// iteration's: the line cannot place them, and their measured cost holds its guess.
+    #[serde(default)]
+    pub beyond_line: u32,
 }
 
 /// A ratio with its spread.

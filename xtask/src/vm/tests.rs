@@ -2017,13 +2017,17 @@ fn estimate_checks(dir: &Path, problems: &mut Vec<String>) -> Result<String, Str
             continue;
         }
         let ratio = calibrated / measured;
+        let noise = cost["noise_ns"].as_f64();
         let note = format!(
-            "{variant} {name}: calibrated probe cost {:.1} ms, measured {:.1} ms over {} exact \
-             iterations ({ratio:.2}x, {} hits)",
+            "{variant} {name}: calibrated probe cost {:.1} ms, measured {:.1} ms{} over {} exact \
+             iterations ({ratio:.2}x, {} hits, {}; {} beyond the untraced line)",
             calibrated / 1e6,
             measured / 1e6,
+            noise.map_or(String::new(), |n| format!(" +- {:.1}", n / 1e6)),
             cost["iterations"],
-            cost["hits"]
+            cost["hits"],
+            within_quarter(calibrated, measured, noise.unwrap_or(0.0)),
+            cost["beyond_line"]
         );
         if !(1.0 / ESTIMATE_FACTOR..=ESTIMATE_FACTOR).contains(&ratio) {
             problems.push(format!(
@@ -2033,6 +2037,19 @@ fn estimate_checks(dir: &Path, problems: &mut Vec<String>) -> Result<String, Str
         notes.push(note);
     }
     Ok(format!("every row kept: {}", notes.join(", ")))
+}
+
+/// Whether the calibrated cost is within 25% of the measured one, as far as the measured
+/// one's own noise (the untraced iterations' scatter, two standard errors) can tell.
+fn within_quarter(calibrated: f64, measured: f64, noise: f64) -> &'static str {
+    let off = (calibrated - measured).abs();
+    if off <= 0.25 * measured {
+        "within 25%"
+    } else if off <= 0.25 * measured + 2.0 * noise {
+        "within 25% as far as the untraced scatter can tell"
+    } else {
+        "off by more than 25% and the untraced scatter"
+    }
 }
 
 /// Size and iterations of the C reference `record` records (one more warm-up iteration).
