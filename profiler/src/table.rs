@@ -211,7 +211,47 @@ fn case_table(case: &CaseReport) -> String {
     out += &demoted(case);
     out += &allocated(case);
     out += &layout(case);
+    out += &pass_probe_cost(case);
     out
+}
+
+/// Probe hits in a phase's exact pass below which its summed cost is not shown: a few calls
+/// cost microseconds, and the measured difference there is the untraced iterations' noise.
+const PASS_COST_MIN_HITS: u64 = 1000;
+
+/// The calibrated probe cost against the measured one, summed over an exact pass of two or
+/// more iterations (one iteration's is on its exact row), with the measured sum's noise: how
+/// far the calibration can be trusted on this machine.
+fn pass_probe_cost(case: &CaseReport) -> String {
+    let costs: Vec<_> = (case.phases.iter())
+        .filter_map(|p| {
+            let c = p.passes.get(&Pass::Exact)?.probe_cost?;
+            (c.iterations >= 2 && c.hits >= PASS_COST_MIN_HITS).then_some((p.name, c))
+        })
+        .collect();
+    let Some(n) = costs.first().map(|(_, c)| c.iterations) else {
+        return String::new();
+    };
+    let parts: Vec<String> = (costs.iter())
+        .map(|(phase, c)| {
+            let measured = match c.measured_ns {
+                m if m < 0 => format!("-{}", ms(m.unsigned_abs())),
+                m => ms(m as u64),
+            };
+            let noise = c.noise_ns.map_or(String::new(), |n| format!(" +- {}", ms(n)));
+            let ratio = match c.measured_ns {
+                m if m > 0 => format!(", {:.2}x", c.calibrated_ns as f64 / m as f64),
+                _ => String::new(),
+            };
+            format!(
+                "{} {} ms calibrated, {measured}{noise} ms measured ({} hits{ratio})",
+                phase.name(),
+                ms(c.calibrated_ns),
+                c.hits
+            )
+        })
+        .collect();
+    format!("  probe cost over {n} exact iterations: {}\n", parts.join("; "))
 }
 
 /// How physically contiguous the buffer came, iteration by iteration, where that moved the map
@@ -611,6 +651,34 @@ mod tests {
         r.cases[1].pace_ns = Some(Stats::of(vec![2_710_000, 3_807_910]));
         let t = render_table(&r);
         assert!(t.contains("the machine's speed moved 1.53x"), "{t}");
+    }
+
+    #[test]
+    fn an_exact_pass_of_several_iterations_tells_its_probe_cost_against_the_measured() {
+        use crate::{probes::Pass, report::PassCost, workload::Phase};
+        let mut r = crate::report::parse(include_str!("../tests/data/matrix-7.3.json")).unwrap();
+        let set = |r: &mut crate::report::Report, cost: PassCost| {
+            let map = (r.cases[0].phases.iter_mut())
+                .find(|p| p.name == Phase::Map)
+                .expect("a map phase");
+            map.passes.get_mut(&Pass::Exact).expect("an exact pass").probe_cost = Some(cost);
+        };
+        let cost = PassCost {
+            iterations: 7,
+            hits: 163_183,
+            calibrated_ns: 138_600_000,
+            measured_ns: 185_900_000,
+            noise_ns: Some(15_700_000),
+            beyond_line: 0,
+        };
+        set(&mut r, PassCost { iterations: 1, ..cost });
+        assert_eq!(pass_probe_cost(&r.cases[0]), "", "one iteration's is on its exact row");
+        set(&mut r, cost);
+        assert_eq!(
+            pass_probe_cost(&r.cases[0]),
+            "  probe cost over 7 exact iterations: map 139 ms calibrated, 186 +- 15.70 ms measured \
+             (163183 hits, 0.75x)\n"
+        );
     }
 
     #[test]
