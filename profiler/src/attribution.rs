@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use crate::{
     abi::{PhaseCounters, RowStats},
-    category::{CATEGORIES, Category, CategoryCounts, base_function, category_of, classify, in_context},
+    category::{CATEGORIES, Category, CategoryCounts, base_function, category_of, cut_short, in_context},
     dma,
     flamegraph::Folded,
     layout::LayoutModel,
@@ -378,7 +378,7 @@ fn owners(input: &CaseInput, stacks: &[Stack]) -> Owners {
     for s in stacks {
         let (phase, names) = (s.phase, &s.names);
         // Without a demoted row a syscall phase keeps no owner (see the retain below).
-        if phase.is_syscall() && demoted.demoted.is_empty() {
+        if (phase.is_syscall() && demoted.demoted.is_empty()) || cut_short(names) {
             continue;
         }
         if names.is_empty() {
@@ -481,7 +481,7 @@ fn sampled_by_phase(stacks: &[Stack]) -> BTreeMap<Phase, (CategoryCounts, Folded
     let mut by_phase: BTreeMap<Phase, (CategoryCounts, Folded)> = BTreeMap::new();
     for s in stacks {
         let (cats, folded) = by_phase.entry(s.phase).or_default();
-        cats.add(classify(s.names.iter().map(String::as_str)), s.count);
+        cats.add_stack(&s.names, s.count);
         let mut frames = vec![s.phase.name().to_owned()];
         if s.names.is_empty() {
             frames.push("[user]".into());
@@ -1079,7 +1079,8 @@ fn phase_report(phase: Phase, input: &CaseInput, cats: &CategoryCounts, owners: 
         kernel_share: cov.syscalls.then(|| kernel_share(&exact, &counters)).flatten(),
         gib_per_s,
         sampled: Sampled {
-            samples: cats.total(),
+            samples: cats.total() + cats.cut,
+            cut: cats.cut,
             lost: all_traced.iter().map(|c| c.lost_samples).sum(),
             categories: cats.shares(),
             ..sampled_time(phase, input)

@@ -10,7 +10,7 @@ use strum::IntoEnumIterator as _;
 
 use crate::{
     abi::{self, DmaCall, RecordIoctl},
-    category::{CategoryCounts, classify},
+    category::CategoryCounts,
     dma::DmaIoctl,
     flamegraph::Folded,
     kernel,
@@ -334,7 +334,7 @@ fn slot_samples(drained: &Drained, slot: u32, symbols: Option<&KernelSymbols>) -
             .iter()
             .map(|ip| symbols.map_or_else(|| format!("0x{ip:x}"), |sy| sy.resolve(*ip)))
             .collect();
-        cats.add(classify(names.iter().map(String::as_str)), s.count);
+        cats.add_stack(&names, s.count);
         let user = names.is_empty().then(|| "[user]".to_owned());
         folded.add(user.into_iter().chain(names.into_iter().rev()), s.count);
     }
@@ -345,7 +345,8 @@ fn slot_samples(drained: &Drained, slot: u32, symbols: Option<&KernelSymbols>) -
         .map(|(_, c)| c.lost_samples)
         .sum();
     let sampled = Sampled {
-        samples: cats.total(),
+        samples: cats.total() + cats.cut,
+        cut: cats.cut,
         lost,
         categories: cats.shares(),
         off_cpu_ns: None,

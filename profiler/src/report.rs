@@ -465,10 +465,14 @@ impl Ratio {
 pub struct Sampled {
     /// Samples taken (all iterations).
     pub samples: u64,
+    /// Of those, samples whose kernel stack the unwinder cut at a retpoline thunk: they name
+    /// no caller, and `categories` leaves them out.
+    #[serde(default)]
+    pub cut: u64,
     /// Samples lost (map full, stack collisions).
     #[serde(default)]
     pub lost: u64,
-    /// Share of samples per category (sums to 1 when samples > 0).
+    /// Share of the samples not cut per category (sums to 1 when there are any).
     pub categories: BTreeMap<Category, f64>,
     /// The thread's time off the CPU over the same iterations, which the sampler (running on
     /// its CPU time) cannot see (None: sched_switch was not attached).

@@ -210,6 +210,7 @@ fn case_table(case: &CaseReport) -> String {
     }
     out += &demoted(case);
     out += &allocated(case);
+    out += &cut_stacks(case);
     out += &layout(case);
     out += &pass_probe_cost(case);
     out
@@ -306,6 +307,23 @@ fn layout(case: &CaseReport) -> String {
         "  physical layout: {}-{} contiguous runs over the untraced iterations{exact}{sampled}{rerun}; {follows}{off}\n",
         runs.min, runs.max,
     )
+}
+
+/// The samples each phase's shares leave out: their stack stopped at a retpoline thunk.
+fn cut_stacks(case: &CaseReport) -> String {
+    let parts: Vec<String> = case
+        .phases
+        .iter()
+        .filter(|p| p.sampled.cut > 0)
+        .map(|p| format!("{} {} of {}", p.name.name(), p.sampled.cut, p.sampled.samples))
+        .collect();
+    match parts.is_empty() {
+        true => String::new(),
+        false => format!(
+            "  samples cut at a retpoline thunk (no caller: left out of the sampled shares): {}\n",
+            parts.join("; ")
+        ),
+    }
 }
 
 /// The pages each phase allocated, by size (the exact pass's kmem:mm_page_alloc counts).
@@ -651,6 +669,22 @@ mod tests {
         r.cases[1].pace_ns = Some(Stats::of(vec![2_710_000, 3_807_910]));
         let t = render_table(&r);
         assert!(t.contains("the machine's speed moved 1.53x"), "{t}");
+    }
+
+    #[test]
+    fn samples_cut_at_a_retpoline_thunk_are_told_per_phase() {
+        use crate::workload::Phase;
+        let mut r = crate::report::parse(include_str!("../tests/data/matrix-7.3.json")).unwrap();
+        assert_eq!(cut_stacks(&r.cases[0]), "", "nothing cut, nothing said");
+        let unmap = (r.cases[0].phases.iter_mut())
+            .find(|p| p.name == Phase::Unmap)
+            .expect("an unmap phase");
+        unmap.sampled.cut = 5;
+        unmap.sampled.samples = 48;
+        assert_eq!(
+            cut_stacks(&r.cases[0]),
+            "  samples cut at a retpoline thunk (no caller: left out of the sampled shares): unmap 5 of 48\n"
+        );
     }
 
     #[test]
