@@ -659,6 +659,20 @@ mod tests {
             significance(&st(&[100_000]), &st(&[900_000])),
             Err(Noise::TooFewIterations)
         );
+        // 8x the pages populated, one iteration of the larger run stalled to 2x the others:
+        // a 7x change is beyond a 2x range.
+        assert!(
+            significance(
+                &st(&[22_938_159, 22_524_387, 21_370_179]),
+                &st(&[160_710_850, 315_822_564, 158_355_375])
+            )
+            .is_ok()
+        );
+        // As far apart as the stalled run spans is within its spread.
+        assert_eq!(
+            significance(&st(&[100_000, 105_000, 102_000]), &st(&[190_000, 200_000, 400_000])),
+            Err(Noise::WithinSpread)
+        );
         // Two reruns' maps in the guest: 4.2% apart, ranges tight and apart.
         assert_eq!(
             significance(
@@ -707,11 +721,29 @@ mod tests {
         let pa = st(&[2_815_510, 2_864_935, 2_314_077, 2_370_323, 2_481_381]);
         let pb = st(&[1_453_207, 1_930_889, 1_918_400, 1_937_670, 1_479_408]);
         assert_eq!(significance(&before, &after), Ok(()));
-        // Apart at the median pace alone.
+        // At the median pace alone they are 1.32x apart, within their ranges together (1.22x
+        // and 1.19x); iteration by iteration they overlap.
         let (flat_a, flat_b) = (st(&[pa.median; 5]), st(&[pb.median; 5]));
-        assert_eq!(paced_significance(&before, &after, Some((&flat_a, &flat_b))), Ok(()));
+        assert_eq!(
+            paced_significance(&before, &after, Some((&flat_a, &flat_b))),
+            Err(Noise::MachinePace)
+        );
         assert_eq!(
             paced_significance(&before, &after, Some((&pa, &pb))),
+            Err(Noise::MachinePace)
+        );
+        // Apart at the median pace, but one iteration ran at a pace that puts it among the
+        // other run's: the ranges are held iteration by iteration.
+        let ms = |v: &[f64]| st(&v.iter().map(|x| (x * 1e6) as u64).collect::<Vec<_>>());
+        let (steady, quick) = (ms(&[10.0, 10.1, 10.2, 10.3, 10.4]), ms(&[6.0; 5]));
+        let (one, half) = (ms(&[1.0; 5]), ms(&[0.5, 0.5, 0.5, 0.5, 0.6]));
+        let (flat_one, flat_half) = (ms(&[1.0; 5]), ms(&[0.5; 5]));
+        assert_eq!(
+            paced_significance(&steady, &quick, Some((&flat_one, &flat_half))),
+            Ok(())
+        );
+        assert_eq!(
+            paced_significance(&steady, &quick, Some((&one, &half))),
             Err(Noise::MachinePace)
         );
         // A kernel that unmaps 2x faster at those paces still does.
@@ -729,8 +761,8 @@ mod tests {
         );
         assert_eq!(paced_significance(&small, &large, Some((&ps, &pl))), Ok(()));
         // Paces that do not line up with the iterations are held at the median only.
-        let short = st(&pb.runs[..3]);
-        assert_eq!(paced_significance(&before, &after, Some((&pa, &short))), Ok(()));
+        let short = st(&half.runs[..3]);
+        assert_eq!(paced_significance(&steady, &quick, Some((&one, &short))), Ok(()));
     }
 
     #[test]

@@ -93,8 +93,13 @@ fn at_pace(times: &crate::report::Stats, paces: &crate::report::Stats, unit: f64
 }
 
 /// Whether a phase changed: every iteration of one run is slower than every iteration of the
-/// other (the ranges do not overlap), the medians differ by more than either run's own range,
-/// and by at least [`MIN_CHANGE_NS`]. The second rule is there because two runs are two
+/// other (the ranges do not overlap), the medians differ by a larger ratio than the two runs'
+/// own ranges span together (each slowest over fastest iteration, multiplied), and by at least
+/// [`MIN_CHANGE_NS`]. As ratios, because an iteration that stalls stretches a run's range by a
+/// share of its time: one 315 ms iteration among 158 and 161 ms ones spans 2x, and compared
+/// as nanoseconds that 157 ms range hid a 7x larger populate (22.5 ms before). Together,
+/// because each median can sit anywhere in its run's range: two processes of one build in the
+/// guest read 1.20x apart with ranges of 1.16x and 1.14x. The second rule is there because two runs are two
 /// processes on different physical pages: the spread between runs is larger than the spread
 /// within one (two runs of the same case in the guest differed by 14% on a 2 ms unmap with
 /// ranges that just failed to overlap), and so is [`MIN_CHANGE_SHARE`]. With fewer than two
@@ -113,11 +118,20 @@ pub fn significance(before: &crate::report::Stats, after: &crate::report::Stats)
     if overlap(before, after) {
         return Err(Noise::RangesOverlap);
     }
-    let spread = (before.max - before.min).max(after.max - after.min);
-    if shift <= spread {
+    if log_ratio(before.median, after.median) <= log_range(before) + log_range(after) {
         return Err(Noise::WithinSpread);
     }
     Ok(())
+}
+
+/// How far apart two times are as a ratio (its logarithm, so that either order reads the same).
+fn log_ratio(a: u64, b: u64) -> f64 {
+    (a.max(b).max(1) as f64 / a.min(b).max(1) as f64).ln()
+}
+
+/// A run's own spread as a ratio: how many times its slowest iteration took its fastest.
+fn log_range(run: &crate::report::Stats) -> f64 {
+    log_ratio(run.min, run.max)
 }
 
 /// Whether some iteration of one run is as fast as some iteration of the other.
