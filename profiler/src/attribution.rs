@@ -778,8 +778,7 @@ fn call_costs(hits: &Hits, calibrated: Option<&ProbeCost>, measured: Option<u64>
             ProbeCost {
                 fentry: Some(even),
                 kprobe: Some(even),
-                tracepoint: None,
-                errors: Vec::new(),
+                ..ProbeCost::default()
             },
             calls as f64,
         ),
@@ -794,7 +793,7 @@ fn call_costs(hits: &Hits, calibrated: Option<&ProbeCost>, measured: Option<u64>
         fentry: scaled(weights.fentry),
         kprobe: scaled(weights.kprobe),
         tracepoint: scaled(weights.tracepoint),
-        errors: Vec::new(),
+        ..ProbeCost::default()
     })
 }
 
@@ -985,6 +984,9 @@ fn pass_times(input: &CaseInput, phase: Phase, untraced: Option<Reference>) -> B
 /// calibration that covers the rows' mechanisms.
 fn pass_cost(input: &CaseInput, phase: Phase, runs: &[(u32, &PhaseRun)], untraced: Reference) -> Option<PassCost> {
     let mut sum = PassCost::default();
+    let cost = input.cost?;
+    let contexts = [cost.in_syscall_loop, cost.in_fault].map(|c| cost.in_context(c));
+    let mut range = (0.0, 0.0);
     for (it, run) in runs {
         let s = slot(*it, phase);
         let rows = rows_at(input, s, phase);
@@ -992,13 +994,17 @@ fn pass_cost(input: &CaseInput, phase: Phase, runs: &[(u32, &PhaseRun)], untrace
             rows: &rows,
             events: event_hits(&counters_at(input.drained, s)),
         };
-        sum.calibrated_ns += calibrated_total(&hits, input.cost)? as u64;
+        sum.calibrated_ns += calibrated_total(&hits, Some(cost))? as u64;
+        range.0 += calibrated_total(&hits, Some(&contexts[0]))?;
+        range.1 += calibrated_total(&hits, Some(&contexts[1]))?;
         sum.hits += rows.iter().map(|r| r.calls).sum::<u64>() + hits.events;
         sum.measured_ns += run.wall_ns as i64 - untraced.at(run.physical_runs) as i64;
         sum.beyond_line += u32::from(untraced.beyond(run.physical_runs));
         sum.iterations += 1;
     }
     sum.noise_ns = untraced.sum_noise(sum.iterations);
+    let (low, high) = (range.0.min(range.1) as u64, range.0.max(range.1) as u64);
+    sum.calibrated_range_ns = (cost.in_syscall_loop.is_some() && cost.in_fault.is_some()).then_some((low, high));
     Some(sum)
 }
 
@@ -1254,7 +1260,10 @@ pub fn case_report(input: &CaseInput) -> CaseOutput {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::matrix::{Backing, Case, DmaMode, Prefault};
+    use crate::{
+        matrix::{Backing, Case, DmaMode, Prefault},
+        probes::ContextCost,
+    };
 
     fn row(name: &str) -> usize {
         PROBE_TABLE.iter().position(|r| r.function == name).unwrap()
@@ -1372,8 +1381,7 @@ mod tests {
                 ns: 1_000.0,
                 own_share: 0.2,
             }),
-            tracepoint: None,
-            errors: Vec::new(),
+            ..ProbeCost::default()
         };
         let mut rows = [
             exact("vfio_pin_map_dma", AttachedBy::Kprobe, 1, (99, 0), 1_000_000),
@@ -1709,7 +1717,28 @@ mod tests {
         assert_eq!(c.calibrated_ns, 12_000_000, "1000 + 2000 kprobe hits at 4 us");
         assert_eq!(c.measured_ns, 13_000_000);
         assert!((c.calibrated_ns as f64 / c.measured_ns as f64 - 12.0 / 13.0).abs() < 1e-9);
+        assert_eq!(c.calibrated_range_ns, None, "one context measured: no range");
         assert_eq!(passes[&Pass::Sampled].probe_cost, None);
+        // Both contexts measured: the range is what the hits cost at each one's per-hit costs
+        // (kprobe 2 us in the loop, 8 us in faults), around the charged 4 us.
+        let both = ProbeCost {
+            in_syscall_loop: Some(ContextCost {
+                fentry_ns: Some(500.0),
+                kprobe_ns: Some(2_000.0),
+            }),
+            in_fault: Some(ContextCost {
+                fentry_ns: Some(2_000.0),
+                kprobe_ns: Some(8_000.0),
+            }),
+            ..costs(1_000.0, 4_000.0)
+        };
+        let out = case_report(&CaseInput {
+            cost: Some(&both),
+            ..s.input()
+        });
+        let c = phase_of(&out, Phase::Map).passes[&Pass::Exact].probe_cost.unwrap();
+        assert_eq!(c.calibrated_ns, 12_000_000);
+        assert_eq!(c.calibrated_range_ns, Some((6_000_000, 24_000_000)));
         // Without a calibration there is nothing to hold the measurement against.
         let out = case_report(&s.input());
         assert_eq!(phase_of(&out, Phase::Map).passes[&Pass::Exact].probe_cost, None);
@@ -1878,8 +1907,7 @@ mod tests {
         ProbeCost {
             fentry: half(fentry),
             kprobe: half(kprobe),
-            tracepoint: None,
-            errors: Vec::new(),
+            ..ProbeCost::default()
         }
     }
 

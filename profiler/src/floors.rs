@@ -143,18 +143,25 @@ fn clear(buf: &mut [u8], passes: u32) {
 
 /// Times the touch phase of dmaprof's own workload on a small 4 KiB buffer.
 fn fault_4k_ns() -> Result<u64, workload::WorkloadError> {
+    let size = ByteSize::new(FAULT_BYTES).expect("a valid constant size");
+    Ok(touch_4k_ns(size)? / (FAULT_BYTES / 4096))
+}
+
+/// Wall ns of the touch phase of dmaprof's own workload on a fresh anonymous buffer of `size`
+/// in 4 KiB pages (MADV_NOHUGEPAGE): one user fault, page allocation and zeroing per page.
+/// Mapping and unmapping it are not timed.
+pub fn touch_4k_ns(size: ByteSize) -> Result<u64, workload::WorkloadError> {
     let w = Workload {
         case: Case {
             mode: None,
             backing: Backing::Anonymous,
             prefault: Prefault::Touch,
         },
-        size: ByteSize::new(FAULT_BYTES).expect("a valid constant size"),
+        size,
         thp: Thp::Never,
     };
     let runs = workload::run_iteration(&w, None, &mut Untimed, &AtomicBool::new(false))?;
-    let touch = runs.iter().find(|r| r.phase == Phase::Touch).map_or(0, |r| r.wall_ns);
-    Ok(touch / (FAULT_BYTES / 4096))
+    Ok(runs.iter().find(|r| r.phase == Phase::Touch).map_or(0, |r| r.wall_ns))
 }
 
 /// No phase is recorded anywhere.

@@ -852,6 +852,9 @@ pub struct Probes {
     left: RowsLeft,
     /// The probe on the calibration function while it is measured.
     calibration: Option<Hook>,
+    /// The row configurations the calibration probe displaced (its function may be a row's),
+    /// put back when it is detached.
+    displaced: Vec<(u64, RowConfig)>,
     /// Rows kept detached (see [`Probes::set_demoted`]).
     demoted: Vec<usize>,
     /// Rows the current case cannot reach (see [`Probes::set_case`]).
@@ -889,6 +892,7 @@ impl Probes {
             status,
             left,
             calibration: None,
+            displaced: Vec::new(),
             demoted: Vec::new(),
             unreached: Vec::new(),
         })
@@ -1088,6 +1092,9 @@ impl Probes {
         };
         for (_, addrs) in symbols.lookup(symbol).iter().filter(|(s, _)| *s == symbol) {
             for a in *addrs {
+                if let Ok(row) = by_ip.get(a, 0) {
+                    self.displaced.push((*a, row));
+                }
                 by_ip.insert(*a, cfg, 0).map_err(|source| AttachError::Map {
                     what: "ROW_BY_IP insert",
                     source,
@@ -1113,12 +1120,53 @@ impl Probes {
         Ok(())
     }
 
-    /// Detaches the calibration probe, if any.
+    /// Detaches the calibration probe, if any, and gives back the rows it displaced and the
+    /// fentry slot it took (the calibration measures more than one function, and the rows
+    /// leave few slots).
     pub fn detach_calibration(&mut self) -> Result<(), AttachError> {
-        if let Some(mut hook) = self.calibration.take()
-            && let Some(l) = hook.link.take()
-        {
-            drop(unlink(&mut self.ebpf, &hook.target, l)?);
+        if let Some(mut hook) = self.calibration.take() {
+            if let Some(l) = hook.link.take() {
+                drop(unlink(&mut self.ebpf, &hook.target, l)?);
+            }
+            if let Target::Fentry(slot, symbol) = &hook.target {
+                let (entry, exit) = fentry_names(*slot);
+                let unload_err = |e: ProgramError| AttachError::ProgramAttach {
+                    what: "unload",
+                    target: symbol.clone(),
+                    reason: chain(&e),
+                };
+                program::<FEntry>(&mut self.ebpf, &entry)?
+                    .unload()
+                    .map_err(unload_err)?;
+                program::<FExit>(&mut self.ebpf, &exit)?.unload().map_err(unload_err)?;
+                if *slot + 1 == self.left.next_slot {
+                    self.left.next_slot -= 1;
+                }
+            }
+        }
+        if !self.displaced.is_empty() {
+            let mut by_ip = row_by_ip(&mut self.ebpf)?;
+            for (ip, row) in self.displaced.drain(..) {
+                by_ip.insert(ip, row, 0).map_err(|source| AttachError::Map {
+                    what: "ROW_BY_IP insert",
+                    source,
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Links (`on`) or unlinks the calibration probe [`Probes::attach_calibration`] attached,
+    /// without loading it again: where no unprobed call can be timed beside a probed one (every
+    /// page fault reaches the probed function), rounds time the same work by turns.
+    pub fn link_calibration(&mut self, on: bool) -> Result<(), AttachError> {
+        let Some(hook) = self.calibration.as_mut() else {
+            return Err(AttachError::Unavailable("no calibration probe attached".into()));
+        };
+        match (on, hook.link.take()) {
+            (true, None) => hook.link = Some(link(&mut self.ebpf, &hook.target)?),
+            (false, Some(l)) => drop(unlink(&mut self.ebpf, &hook.target, l)?),
+            (_, l) => hook.link = l,
         }
         Ok(())
     }

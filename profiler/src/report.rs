@@ -415,6 +415,10 @@ pub struct PassCost {
     pub hits: u64,
     /// What the calibration says those hits cost.
     pub calibrated_ns: u64,
+    /// What they cost at the syscall loop's per-hit costs and at the page faults' (the two
+    /// contexts `calibrated_ns` takes the middle of), lower first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calibrated_range_ns: Option<(u64, u64)>,
     /// Their wall time less the untraced line at each one's layout (negative where they ran
     /// under it).
     pub measured_ns: i64,

@@ -244,8 +244,15 @@ fn pass_probe_cost(case: &CaseReport) -> String {
                 m if m > 0 => format!(", {:.2}x", c.calibrated_ns as f64 / m as f64),
                 _ => String::new(),
             };
+            let range = c.calibrated_range_ns.map_or(String::new(), |(low, high)| {
+                format!(
+                    " ({}-{} by a syscall loop's and page faults' cost per hit)",
+                    ms(low),
+                    ms(high)
+                )
+            });
             format!(
-                "{} {} ms calibrated, {measured}{noise} ms measured ({} hits{ratio})",
+                "{} {} ms calibrated{range}, {measured}{noise} ms measured ({} hits{ratio})",
                 phase.name(),
                 ms(c.calibrated_ns),
                 c.hits
@@ -704,6 +711,7 @@ mod tests {
             measured_ns: 185_900_000,
             noise_ns: Some(15_700_000),
             beyond_line: 0,
+            calibrated_range_ns: None,
         };
         set(&mut r, PassCost { iterations: 1, ..cost });
         assert_eq!(pass_probe_cost(&r.cases[0]), "", "one iteration's is on its exact row");
@@ -712,6 +720,18 @@ mod tests {
             pass_probe_cost(&r.cases[0]),
             "  probe cost over 7 exact iterations: map 139 ms calibrated, 186 +- 15.70 ms measured \
              (163183 hits, 0.75x)\n"
+        );
+        set(
+            &mut r,
+            PassCost {
+                calibrated_range_ns: Some((110_400_000, 174_000_000)),
+                ..cost
+            },
+        );
+        assert_eq!(
+            pass_probe_cost(&r.cases[0]),
+            "  probe cost over 7 exact iterations: map 139 ms calibrated (110-174 by a syscall loop's and \
+             page faults' cost per hit), 186 +- 15.70 ms measured (163183 hits, 0.75x)\n"
         );
     }
 

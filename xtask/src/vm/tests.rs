@@ -1628,6 +1628,23 @@ fn probe_cost_check(r: &Value) -> Result<String, String> {
             "the probe cost calibration did not measure the tracepoints: {cost}"
         ));
     }
+    // Both contexts measured, and the cost charged per call between them.
+    let mut contexts = Vec::new();
+    for m in ["fentry", "kprobe"] {
+        let (looped, faulted) = (
+            ns(&cost["in_syscall_loop"][format!("{m}_ns")]),
+            ns(&cost["in_fault"][format!("{m}_ns")]),
+        );
+        if looped <= 0.0 || faulted <= 0.0 || (ns(&cost[m]["ns"]) - (looped * faulted).sqrt()).abs() > 1.0 {
+            return Err(format!(
+                "the probe cost calibration did not measure {m} in a syscall loop and in page faults and \
+                 charge their geometric mean: {cost}"
+            ));
+        }
+        contexts.push(format!(
+            "{m} {looped:.0} ns in a syscall loop, {faulted:.0} in page faults"
+        ));
+    }
     let explained: Vec<String> = r["cases"]
         .as_array()
         .into_iter()
@@ -1641,9 +1658,10 @@ fn probe_cost_check(r: &Value) -> Result<String, String> {
         })
         .collect();
     Ok(format!(
-        "probe cost per call fentry {:.0} ns, kprobe {:.0} ns, per tracepoint hit {:.0} ns; calibrated share of the measured cost on large maps: {}",
+        "probe cost per call fentry {:.0} ns, kprobe {:.0} ns ({}), per tracepoint hit {:.0} ns; calibrated share of the measured cost on large maps: {}",
         ns(&cost["fentry"]["ns"]),
         ns(&cost["kprobe"]["ns"]),
+        contexts.join("; "),
         ns(&cost["tracepoint"]["ns"]),
         explained.join(" ")
     ))
@@ -2018,8 +2036,11 @@ fn estimate_checks(dir: &Path, problems: &mut Vec<String>) -> Result<String, Str
         }
         let ratio = calibrated / measured;
         let noise = cost["noise_ns"].as_f64();
+        let range = cost["calibrated_range_ns"].as_array().map_or(String::new(), |r| {
+            format!(" ({:.1}-{:.1} by context)", ns(&r[0]) / 1e6, ns(&r[1]) / 1e6)
+        });
         let note = format!(
-            "{variant} {name}: calibrated probe cost {:.1} ms, measured {:.1} ms{} over {} exact \
+            "{variant} {name}: calibrated probe cost {:.1} ms{range}, measured {:.1} ms{} over {} exact \
              iterations ({ratio:.2}x, {} hits, {}; {} beyond the untraced line)",
             calibrated / 1e6,
             measured / 1e6,
