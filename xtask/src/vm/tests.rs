@@ -2050,14 +2050,24 @@ fn estimate_checks(dir: &Path, problems: &mut Vec<String>) -> Result<String, Str
             within_quarter(calibrated, measured, noise.unwrap_or(0.0)),
             cost["beyond_line"]
         );
-        if !(1.0 / ESTIMATE_FACTOR..=ESTIMATE_FACTOR).contains(&ratio) {
+        if !within_factor(calibrated, measured, noise.unwrap_or(0.0)) {
             problems.push(format!(
-                "probe cost estimate off (want within {ESTIMATE_FACTOR}x): {note}"
+                "probe cost estimate off (want within {ESTIMATE_FACTOR}x, as far as twice the \
+                 untraced scatter can tell): {note}"
             ));
         }
         notes.push(note);
     }
     Ok(format!("every row kept: {}", notes.join(", ")))
+}
+
+/// Whether the calibrated cost is within [`ESTIMATE_FACTOR`] of the measured one, either way,
+/// as far as twice the measured one's noise (the untraced iterations' scatter) can tell: an
+/// untouched 4 KiB memfd map once measured 28.0 +- 54.1 ms against 174 ms calibrated, whose
+/// untraced iterations at one layout took 85-148 ms.
+fn within_factor(calibrated: f64, measured: f64, noise: f64) -> bool {
+    let (low, high) = ((measured - 2.0 * noise).max(0.0), measured + 2.0 * noise);
+    calibrated >= low / ESTIMATE_FACTOR && calibrated <= high * ESTIMATE_FACTOR
 }
 
 /// Whether the calibrated cost is within 25% of the measured one, as far as the measured
@@ -2725,6 +2735,18 @@ mod unit {
             "the skip reason is shown: {text}"
         );
         assert!(text.contains("1 passed; 1 failed; 2 ignored"), "{text}");
+    }
+
+    #[test]
+    fn the_estimate_is_judged_as_far_as_the_measured_noise_tells() {
+        let ms = |v: f64| v * 1e6;
+        // Measured in the suite: an untouched 4 KiB memfd map whose untraced iterations
+        // scattered more than the probes cost.
+        assert!(within_factor(ms(174.4), ms(28.0), ms(54.1)));
+        // A quiet phase: a mechanism left out of the estimate (10x) still fails, either way.
+        assert!(!within_factor(ms(2.0), ms(20.0), ms(1.0)));
+        assert!(!within_factor(ms(200.0), ms(20.0), ms(1.0)));
+        assert!(within_factor(ms(18.9), ms(21.8), ms(1.8)));
     }
 
     #[test]
