@@ -985,7 +985,8 @@ fn pass_times(input: &CaseInput, phase: Phase, untraced: Option<Reference>) -> B
 fn pass_cost(input: &CaseInput, phase: Phase, runs: &[(u32, &PhaseRun)], untraced: Reference) -> Option<PassCost> {
     let mut sum = PassCost::default();
     let cost = input.cost?;
-    let contexts = [cost.in_syscall_loop, cost.in_fault].map(|c| cost.in_context(c));
+    // What the hits cost at each context's per-hit costs, where both contexts measured them.
+    let contexts = (cost.in_syscall_loop.zip(cost.in_fault)).map(|(l, f)| [l, f].map(|c| cost.in_context(Some(c))));
     let mut range = (0.0, 0.0);
     for (it, run) in runs {
         let s = slot(*it, phase);
@@ -995,16 +996,17 @@ fn pass_cost(input: &CaseInput, phase: Phase, runs: &[(u32, &PhaseRun)], untrace
             events: event_hits(&counters_at(input.drained, s)),
         };
         sum.calibrated_ns += calibrated_total(&hits, Some(cost))? as u64;
-        range.0 += calibrated_total(&hits, Some(&contexts[0]))?;
-        range.1 += calibrated_total(&hits, Some(&contexts[1]))?;
+        if let Some([looped, faulted]) = &contexts {
+            range.0 += calibrated_total(&hits, Some(looped))?;
+            range.1 += calibrated_total(&hits, Some(faulted))?;
+        }
         sum.hits += rows.iter().map(|r| r.calls).sum::<u64>() + hits.events;
         sum.measured_ns += run.wall_ns as i64 - untraced.at(run.physical_runs) as i64;
         sum.beyond_line += u32::from(untraced.beyond(run.physical_runs));
         sum.iterations += 1;
     }
     sum.noise_ns = untraced.sum_noise(sum.iterations);
-    let (low, high) = (range.0.min(range.1) as u64, range.0.max(range.1) as u64);
-    sum.calibrated_range_ns = (cost.in_syscall_loop.is_some() && cost.in_fault.is_some()).then_some((low, high));
+    sum.calibrated_range_ns = contexts.map(|_| (range.0.min(range.1) as u64, range.0.max(range.1) as u64));
     Some(sum)
 }
 

@@ -2,8 +2,8 @@
 //! cases run: a cheap syscall called many times with nothing attached, then with the row
 //! programs on a kernel function it calls, by fentry and by kprobe, and then with the exact
 //! pass's tracepoints (the syscall's entry and exit hit two). The row programs are measured
-//! again inside page faults, where the workload's own hits land, and that is the cost charged
-//! per call. Attribution takes that cost out of the rows where the probe hits landed.
+//! again inside page faults, and a call is charged the geometric mean of the two contexts'
+//! costs (the workload's hits land between them). Attribution takes that cost out of the rows where the probe hits landed.
 //!
 //! Under emulation the machine's pace changes by 2x and more from one second to the next, as
 //! much as a probe hit costs, so no time is held against one taken at another moment: each
@@ -84,6 +84,9 @@ const FAULT_WARM_BYTES: u64 = 256 << 10;
 /// Rounds of each measurement on the fault path: each times the buffer unprobed and probed.
 const FAULT_ROUNDS: u32 = 9;
 
+/// Faults a round takes (one a 4 KiB page), each reaching [`FAULT_FUNCTION`] once.
+const FAULTS: u32 = (FAULT_BYTES / 4096) as u32;
+
 /// The cost of one hit of the row programs attached to [`FAULT_FUNCTION`] by `by`: fault
 /// rounds with the probe linked and unlinked by turns (every fault reaches the function, so
 /// no unprobed fault can be timed beside a probed one), the median of the rounds' differences
@@ -108,11 +111,10 @@ fn row_in_fault(probes: &mut Probes, symbols: &KernelSymbols, by: AttachedBy) ->
                 let probed = timed(true)?;
                 (timed(false)?, probed)
             };
-            let faults = (FAULT_BYTES / 4096) as u32;
-            if probed.1 < u64::from(faults) {
+            if probed.1 < u64::from(FAULTS) {
                 return Err(CalibrationError::Missed {
                     seen: probed.1,
-                    made: faults,
+                    made: FAULTS,
                 });
             }
             per_hit.push((probed.0 - plain.0) / probed.1 as f64);
