@@ -551,15 +551,16 @@ fn exact_breakdown(
     // holds.
     let outer = if phase.is_syscall() { c.syscall_ns } else { run.wall_ns };
     let unprobed = outer.saturating_sub(rows.iter().map(|r| r.exclusive_ns).sum());
+    let paid = input.cost.map(|k| as_paid(k, &rows, phase));
     let hits = Hits {
         rows: &rows,
         events: event_hits(&c),
     };
-    let calibrated = calibrated_total(&hits, input.cost).map(|t| t as u64);
+    let calibrated = calibrated_total(&hits, paid.as_ref()).map(|t| t as u64);
     let basis = overhead_basis(run.wall_ns, reference, calibrated, noise);
     let costs = call_costs(
         &hits,
-        input.cost,
+        paid.as_ref(),
         measured.filter(|_| basis == Some(OverheadBasis::Measured)),
     );
     let events = hits.events;
@@ -745,6 +746,41 @@ fn overhead_basis(
     } else {
         OverheadBasis::Calibration
     })
+}
+
+/// The calibration as one phase's `rows` pay it, per mechanism: a hit on the fault path
+/// costs what it did in faults taken the way the phase takes them (user faults in a touch,
+/// the kernel's page walk in a populate or a pin), any other hit the charged cost; the
+/// mechanism's cost is their mean over its calls. A context that measured nothing leaves the
+/// charged cost, and one that measured less than the syscall loop counts as the loop: a
+/// fault leaves the probe no warmer than the loop does (each call there follows 16 KiB of
+/// writes), so such a reading is the machine's pace changing between rounds (an fentry hit
+/// once read 352 ns in user faults against 850 in the loop, and the run's other phases
+/// then came out at 0.24-0.28x of their measured cost).
+fn as_paid(cost: &ProbeCost, rows: &[ExactRow], phase: Phase) -> ProbeCost {
+    let faults = match phase {
+        Phase::Touch => cost.in_fault,
+        _ => cost.in_kernel_fault,
+    };
+    let mut paid = cost.clone();
+    for by in [AttachedBy::Fentry, AttachedBy::Kprobe] {
+        let (Some(charged), Some(measured)) = (cost.of(by), faults.and_then(|f| f.of(by))) else {
+            continue;
+        };
+        let in_fault = measured.max(cost.in_syscall_loop.and_then(|l| l.of(by)).unwrap_or(0.0));
+        let calls = |fault_path: bool| -> u64 {
+            rows.iter()
+                .filter(|r| r.mechanism == by && r.category.on_fault_path() == fault_path)
+                .map(|r| r.calls)
+                .sum()
+        };
+        let (on, off) = (calls(true), calls(false));
+        if on > 0 {
+            let ns = (on as f64 * in_fault + off as f64 * charged.ns) / (on + off) as f64;
+            paid.set(by, Some(CallCost { ns, ..charged }));
+        }
+    }
+    paid
 }
 
 /// What the calibrated cost per hit adds up to over one phase's rows and tracepoint hits,
@@ -985,9 +1021,12 @@ fn pass_times(input: &CaseInput, phase: Phase, untraced: Option<Reference>) -> B
 fn pass_cost(input: &CaseInput, phase: Phase, runs: &[(u32, &PhaseRun)], untraced: Reference) -> Option<PassCost> {
     let mut sum = PassCost::default();
     let cost = input.cost?;
-    // What the hits cost at each context's per-hit costs, where both contexts measured them.
-    let contexts = (cost.in_syscall_loop.zip(cost.in_fault)).map(|(l, f)| [l, f].map(|c| cost.in_context(Some(c))));
-    let mut range = (0.0, 0.0);
+    // What the hits cost at each context's per-hit costs, where every context measured them.
+    let contexts = [cost.in_syscall_loop, cost.in_fault, cost.in_kernel_fault]
+        .into_iter()
+        .map(|c| c.map(|c| cost.in_context(Some(c))))
+        .collect::<Option<Vec<ProbeCost>>>();
+    let mut range = vec![0.0; contexts.as_ref().map_or(0, Vec::len)];
     for (it, run) in runs {
         let s = slot(*it, phase);
         let rows = rows_at(input, s, phase);
@@ -995,10 +1034,9 @@ fn pass_cost(input: &CaseInput, phase: Phase, runs: &[(u32, &PhaseRun)], untrace
             rows: &rows,
             events: event_hits(&counters_at(input.drained, s)),
         };
-        sum.calibrated_ns += calibrated_total(&hits, Some(cost))? as u64;
-        if let Some([looped, faulted]) = &contexts {
-            range.0 += calibrated_total(&hits, Some(looped))?;
-            range.1 += calibrated_total(&hits, Some(faulted))?;
+        sum.calibrated_ns += calibrated_total(&hits, Some(&as_paid(cost, &rows, phase)))? as u64;
+        for (total, context) in range.iter_mut().zip(contexts.iter().flatten()) {
+            *total += calibrated_total(&hits, Some(context))?;
         }
         sum.hits += rows.iter().map(|r| r.calls).sum::<u64>() + hits.events;
         sum.measured_ns += run.wall_ns as i64 - untraced.at(run.physical_runs) as i64;
@@ -1006,7 +1044,10 @@ fn pass_cost(input: &CaseInput, phase: Phase, runs: &[(u32, &PhaseRun)], untrace
         sum.iterations += 1;
     }
     sum.noise_ns = untraced.sum_noise(sum.iterations);
-    sum.calibrated_range_ns = contexts.map(|_| (range.0.min(range.1) as u64, range.0.max(range.1) as u64));
+    sum.calibrated_range_ns = contexts.map(|_| {
+        let (low, high) = range.iter().fold((f64::MAX, 0.0f64), |(l, h), &t| (l.min(t), h.max(t)));
+        (low as u64, high as u64)
+    });
     Some(sum)
 }
 
@@ -1419,6 +1460,57 @@ mod tests {
     }
 
     #[test]
+    fn fault_path_hits_cost_what_faults_taken_the_same_way_cost() {
+        let context = |fentry_ns, kprobe_ns| {
+            Some(ContextCost {
+                fentry_ns: Some(fentry_ns),
+                kprobe_ns,
+            })
+        };
+        let cost = ProbeCost {
+            fentry: Some(CallCost {
+                ns: 800.0,
+                own_share: 0.5,
+            }),
+            kprobe: Some(CallCost {
+                ns: 2_000.0,
+                own_share: 0.4,
+            }),
+            in_fault: context(1_000.0, Some(3_000.0)),
+            in_kernel_fault: context(2_300.0, None),
+            ..ProbeCost::default()
+        };
+        let fault = ExactRow {
+            category: Category::Faulting,
+            ..exact("handle_mm_fault", AttachedBy::Fentry, 300, (0, 0), 1_000_000)
+        };
+        let rows = [
+            fault,
+            exact("iommu_map", AttachedBy::Fentry, 100, (0, 0), 1_000_000),
+            exact("vfio_pin_pages_remote", AttachedBy::Kprobe, 100, (0, 0), 1_000_000),
+        ];
+        // In a pin, the faults are the kernel's: 300 hits at 2300 ns, 100 at the charged 800.
+        let map = as_paid(&cost, &rows, Phase::Map);
+        assert_eq!(map.fentry.unwrap().ns, (300.0 * 2_300.0 + 100.0 * 800.0) / 400.0);
+        assert_eq!(map.fentry.unwrap().own_share, 0.5);
+        // No kprobe hit is on the fault path, and the kernel's faults did not measure kprobes.
+        assert_eq!(map.kprobe, cost.kprobe);
+        // In a touch, the faults are user space's.
+        let touch = as_paid(&cost, &rows, Phase::Touch);
+        assert_eq!(touch.fentry.unwrap().ns, (300.0 * 1_000.0 + 100.0 * 800.0) / 400.0);
+        // Off the fault path nothing changes.
+        assert_eq!(as_paid(&cost, &rows[1..], Phase::Map), cost);
+        // Faults read cheaper than the syscall loop: the loop's cost stands for them.
+        let cheap = ProbeCost {
+            in_syscall_loop: context(700.0, None),
+            in_kernel_fault: context(350.0, None),
+            ..cost.clone()
+        };
+        let map = as_paid(&cheap, &rows, Phase::Map);
+        assert_eq!(map.fentry.unwrap().ns, (300.0 * 700.0 + 100.0 * 800.0) / 400.0);
+    }
+
+    #[test]
     fn tracepoint_hits_cost_where_they_landed() {
         let cost = ProbeCost {
             fentry: Some(CallCost {
@@ -1719,11 +1811,12 @@ mod tests {
         assert_eq!(c.calibrated_ns, 12_000_000, "1000 + 2000 kprobe hits at 4 us");
         assert_eq!(c.measured_ns, 13_000_000);
         assert!((c.calibrated_ns as f64 / c.measured_ns as f64 - 12.0 / 13.0).abs() < 1e-9);
-        assert_eq!(c.calibrated_range_ns, None, "one context measured: no range");
+        assert_eq!(c.calibrated_range_ns, None, "no context measured: no range");
         assert_eq!(passes[&Pass::Sampled].probe_cost, None);
-        // Both contexts measured: the range is what the hits cost at each one's per-hit costs
-        // (kprobe 2 us in the loop, 8 us in faults), around the charged 4 us.
-        let both = ProbeCost {
+        // Every context measured: the range is what the hits cost at each one's per-hit costs
+        // (kprobe 2 us in the loop, 8 us in user faults, 5 us in the kernel's), around the
+        // charged 4 us.
+        let every = ProbeCost {
             in_syscall_loop: Some(ContextCost {
                 fentry_ns: Some(500.0),
                 kprobe_ns: Some(2_000.0),
@@ -1732,10 +1825,14 @@ mod tests {
                 fentry_ns: Some(2_000.0),
                 kprobe_ns: Some(8_000.0),
             }),
+            in_kernel_fault: Some(ContextCost {
+                fentry_ns: Some(1_500.0),
+                kprobe_ns: Some(5_000.0),
+            }),
             ..costs(1_000.0, 4_000.0)
         };
         let out = case_report(&CaseInput {
-            cost: Some(&both),
+            cost: Some(&every),
             ..s.input()
         });
         let c = phase_of(&out, Phase::Map).passes[&Pass::Exact].probe_cost.unwrap();

@@ -2,8 +2,11 @@
 //! cases run: a cheap syscall called many times with nothing attached, then with the row
 //! programs on a kernel function it calls, by fentry and by kprobe, and then with the exact
 //! pass's tracepoints (the syscall's entry and exit hit two). The row programs are measured
-//! again inside page faults, and a call is charged the geometric mean of the two contexts'
-//! costs (the workload's hits land between them). Attribution takes that cost out of the rows where the probe hits landed.
+//! again inside page faults, those user space takes and those the kernel's own page walk
+//! takes. A hit on the fault path is charged what it cost in faults taken the same way; any
+//! other hit the geometric mean of the loop's and the user faults' costs (the workload's
+//! syscall-side hits land between them). Attribution takes that cost out of the rows where
+//! the probe hits landed.
 //!
 //! Under emulation the machine's pace changes by 2x and more from one second to the next, as
 //! much as a probe hit costs, so no time is held against one taken at another moment: each
@@ -15,6 +18,7 @@ use std::time::Instant;
 use crate::{
     floors,
     loader::{AttachError, CALIBRATION_SLOT, Probes},
+    matrix::{Backing, Prefault},
     probes::{AttachedBy, CallCost, ContextCost, Group, ProbeCost},
     size::ByteSize,
     symbols::KernelSymbols,
@@ -37,26 +41,28 @@ pub fn measure(probes: &mut Probes, symbols: &KernelSymbols, used: &[AttachedBy]
     let base = beside_control_ns();
     let mut cost = ProbeCost::default();
     let rows = [AttachedBy::Fentry, AttachedBy::Kprobe];
-    let (mut in_loop, mut in_fault) = (ContextCost::default(), ContextCost::default());
+    let [mut in_loop, mut in_fault, mut in_kernel_fault] = [ContextCost::default(); 3];
     for by in rows.into_iter().filter(|b| used.contains(b)) {
         let mut noted = |what: &str, why: CalibrationError| cost.errors.push(format!("{by} on {what}: {why}"));
         let looped = one(probes, symbols, by, base).map_err(|why| noted(FUNCTION, why)).ok();
-        let faulted = match looped {
-            Some(_) => row_in_fault(probes, symbols, by)
-                .map_err(|why| noted(&format!("{FAULT_FUNCTION} over page faults"), why))
+        let mut faulted = |faults: Faults| match looped {
+            Some(_) => row_in_fault(probes, symbols, by, faults)
+                .map_err(|why| noted(&format!("{FAULT_FUNCTION} over {faults}"), why))
                 .ok(),
             None => None,
         };
-        let charged = looped.map(|c| c.between(faulted));
+        let (user, kernel) = (faulted(Faults::User), faulted(Faults::Kernel));
+        let charged = looped.map(|c| c.between(user));
         let looped = looped.map(|c| c.ns);
-        if by == AttachedBy::Fentry {
-            (cost.fentry, in_loop.fentry_ns, in_fault.fentry_ns) = (charged, looped, faulted);
-        } else {
-            (cost.kprobe, in_loop.kprobe_ns, in_fault.kprobe_ns) = (charged, looped, faulted);
+        let measured = [&mut in_loop, &mut in_fault, &mut in_kernel_fault];
+        for (context, ns) in measured.into_iter().zip([looped, user, kernel]) {
+            context.set(by, ns);
         }
+        cost.set(by, charged);
     }
     if used.iter().any(|b| rows.contains(b)) {
-        (cost.in_syscall_loop, cost.in_fault) = (Some(in_loop), Some(in_fault));
+        (cost.in_syscall_loop, cost.in_fault, cost.in_kernel_fault) =
+            (Some(in_loop), Some(in_fault), Some(in_kernel_fault));
     }
     if used.contains(&AttachedBy::RawTracepoint) {
         match tracepoints(probes) {
@@ -67,18 +73,39 @@ pub fn measure(probes: &mut Probes, symbols: &KernelSymbols, used: &[AttachedBy]
     cost
 }
 
-/// The kernel function every user page fault reaches once. A fault's own work (allocating,
-/// zeroing and mapping a page) leaves the probe's code and data colder than a syscall loop
-/// does: under TCG an fentry hit cost 756-1556 ns there against 700-971 ns in the loop, in
-/// twelve runs over four boots.
+/// The kernel function every page fault reaches once, taken by user space or by the
+/// kernel's own page walk. A fault's own work (allocating, zeroing and mapping a page) leaves
+/// the probe's code and data colder than a syscall loop does: under TCG an fentry hit cost
+/// 756-1556 ns in user faults against 700-971 ns in the loop, in twelve runs over four boots.
 const FAULT_FUNCTION: &str = "handle_mm_fault";
 
-/// The buffer a fault round touches: 4096 fresh 4 KiB pages. Under TCG linking a probe slows
-/// the calls right after it (the patched code is translated again); over this many faults
-/// that is lost.
+/// Who takes the faults a round times.
+#[derive(Clone, Copy, Debug, strum::Display)]
+enum Faults {
+    /// User space writes a byte per page (a touch).
+    #[strum(to_string = "user page faults")]
+    User,
+    /// The kernel's page walk (MADV_POPULATE_WRITE), as a populate or a pin faults pages in.
+    #[strum(to_string = "page faults the kernel's page walk takes")]
+    Kernel,
+}
+
+impl Faults {
+    /// How the buffer is faulted in.
+    fn prefault(self) -> Prefault {
+        match self {
+            Faults::User => Prefault::Touch,
+            Faults::Kernel => Prefault::Populate,
+        }
+    }
+}
+
+/// The buffer a fault round faults in: 4096 fresh 4 KiB pages. Under TCG linking a probe
+/// slows the calls right after it (the patched code is translated again); over this many
+/// faults that is lost.
 const FAULT_BYTES: u64 = 16 << 20;
 
-/// Touched untimed right after each link or unlink, before the timed round.
+/// Faulted in untimed right after each link or unlink, before the timed round.
 const FAULT_WARM_BYTES: u64 = 256 << 10;
 
 /// Rounds of each measurement on the fault path: each times the buffer unprobed and probed.
@@ -91,16 +118,21 @@ const FAULTS: u32 = (FAULT_BYTES / 4096) as u32;
 /// rounds with the probe linked and unlinked by turns (every fault reaches the function, so
 /// no unprobed fault can be timed beside a probed one), the median of the rounds' differences
 /// over the hits.
-fn row_in_fault(probes: &mut Probes, symbols: &KernelSymbols, by: AttachedBy) -> Result<f64, CalibrationError> {
+fn row_in_fault(
+    probes: &mut Probes,
+    symbols: &KernelSymbols,
+    by: AttachedBy,
+    faults: Faults,
+) -> Result<f64, CalibrationError> {
     let result = (|| {
         probes.attach_calibration(symbols, FAULT_FUNCTION, by)?;
         let mut per_hit = Vec::new();
         for round in 0..FAULT_ROUNDS {
             let mut timed = |linked: bool| -> Result<(f64, u64), CalibrationError> {
                 probes.link_calibration(linked)?;
-                touch_ns(FAULT_WARM_BYTES)?;
+                fault_ns(FAULT_WARM_BYTES, faults)?;
                 probes.set_phase(CALIBRATION_SLOT)?;
-                let ns = touch_ns(FAULT_BYTES);
+                let ns = fault_ns(FAULT_BYTES, faults);
                 probes.set_phase(0)?;
                 Ok((ns?, probes.take_calibration_stats()?.calls))
             };
@@ -119,7 +151,9 @@ fn row_in_fault(probes: &mut Probes, symbols: &KernelSymbols, by: AttachedBy) ->
             }
             per_hit.push((probed.0 - plain.0) / probed.1 as f64);
         }
-        Ok(median(&mut per_hit).max(0.0))
+        Some(median(&mut per_hit))
+            .filter(|ns| *ns > 0.0)
+            .ok_or(CalibrationError::Lost)
     })();
     let _ = probes.set_phase(0);
     let _ = probes.detach_calibration();
@@ -127,10 +161,10 @@ fn row_in_fault(probes: &mut Probes, symbols: &KernelSymbols, by: AttachedBy) ->
     result
 }
 
-/// Wall ns of touching a fresh 4 KiB-page anonymous buffer of `bytes`, one fault a page.
-fn touch_ns(bytes: u64) -> Result<f64, CalibrationError> {
+/// Wall ns of faulting in a fresh 4 KiB-page anonymous buffer of `bytes`, one fault a page.
+fn fault_ns(bytes: u64, faults: Faults) -> Result<f64, CalibrationError> {
     let size = ByteSize::new(bytes).expect("a constant size in whole pages");
-    Ok(floors::touch_4k_ns(size)? as f64)
+    Ok(floors::fault_4k_ns_by(size, Backing::Anonymous, faults.prefault())? as f64)
 }
 
 /// The cost of one raw tracepoint hit: getppid() with the exact pass's tracepoints attached
@@ -169,6 +203,10 @@ enum CalibrationError {
     /// The buffer the fault rounds touch could not be mapped or touched.
     #[error("the fault round's buffer: {0}")]
     Workload(#[from] crate::workload::WorkloadError),
+    /// The probed rounds came out no slower than the unprobed ones, in the median: the
+    /// machine's pace moved more than the probe cost.
+    #[error("no cost stood out of the machine's pace changes over {FAULT_ROUNDS} rounds")]
+    Lost,
     /// Fewer calls were caught than made: the function is not what the calls reach.
     #[error("{seen} of {made} calls seen")]
     Missed {

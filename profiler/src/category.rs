@@ -91,6 +91,12 @@ impl Category {
             other => other.name(),
         }
     }
+
+    /// Whether a row of this category runs inside a page fault (a probe hit there costs what
+    /// a hit in a fault does).
+    pub fn on_fault_path(self) -> bool {
+        matches!(self, Category::Zeroing | Category::Faulting)
+    }
 }
 
 impl Category {

@@ -151,17 +151,28 @@ fn fault_4k_ns() -> Result<u64, workload::WorkloadError> {
 /// in 4 KiB pages (MADV_NOHUGEPAGE): one user fault, page allocation and zeroing per page.
 /// Mapping and unmapping it are not timed.
 pub fn touch_4k_ns(size: ByteSize) -> Result<u64, workload::WorkloadError> {
+    fault_4k_ns_by(size, Backing::Anonymous, Prefault::Touch)
+}
+
+/// Wall ns of faulting in a fresh buffer of `size` with `backing` in 4 KiB pages
+/// (MADV_NOHUGEPAGE), one fault a page: by user writes (the touch phase) or by the kernel's
+/// own page walk (populate: MADV_POPULATE_WRITE inside the mmap phase). Nothing else is timed.
+pub fn fault_4k_ns_by(size: ByteSize, backing: Backing, prefault: Prefault) -> Result<u64, workload::WorkloadError> {
     let w = Workload {
         case: Case {
             mode: None,
-            backing: Backing::Anonymous,
-            prefault: Prefault::Touch,
+            backing,
+            prefault,
         },
         size,
         thp: Thp::Never,
     };
+    let phase = match prefault {
+        Prefault::Touch => Phase::Touch,
+        _ => Phase::Mmap,
+    };
     let runs = workload::run_iteration(&w, None, &mut Untimed, &AtomicBool::new(false))?;
-    Ok(runs.iter().find(|r| r.phase == Phase::Touch).map_or(0, |r| r.wall_ns))
+    Ok(runs.iter().find(|r| r.phase == phase).map_or(0, |r| r.wall_ns))
 }
 
 /// No phase is recorded anywhere.

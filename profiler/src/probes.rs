@@ -164,10 +164,12 @@ pub const PROBE_TABLE: &[ProbeRow] = &[
 /// What one probed call costs on the running kernel, per mechanism (None: not measured).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ProbeCost {
-    /// An fentry/fexit pair: the geometric mean of its cost per hit in a tight syscall loop
-    /// and inside page faults, where both were measured (a workload's hits land between the
-    /// two: among page walks and IOMMU writes, which leave the probe colder than the loop and
-    /// warmer than a fault), else the loop's; its own share from the loop.
+    /// An fentry/fexit pair off the fault path: the geometric mean of its cost per hit in a
+    /// tight syscall loop and inside user page faults, where both were measured (a
+    /// workload's syscall-side hits land between the two: among page walks and IOMMU writes,
+    /// which leave the probe colder than the loop and warmer than a fault), else the loop's;
+    /// its own share from the loop. A hit on the fault path costs what the faults' context
+    /// measured (`in_fault`, `in_kernel_fault`).
     pub fentry: Option<CallCost>,
     /// A kprobe/kretprobe pair, measured as `fentry` is.
     pub kprobe: Option<CallCost>,
@@ -178,9 +180,15 @@ pub struct ProbeCost {
     /// The pairs' cost per hit on getppid() calls, each timed beside an unprobed call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub in_syscall_loop: Option<ContextCost>,
-    /// The pairs' cost per hit inside user page faults of fresh 4 KiB pages.
+    /// The pairs' cost per hit inside user page faults of fresh 4 KiB pages: what a hit on
+    /// the fault path costs in a touch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub in_fault: Option<ContextCost>,
+    /// The pairs' cost per hit inside page faults of fresh 4 KiB pages that the kernel's page
+    /// walk takes (MADV_POPULATE_WRITE): what a hit on the fault path costs in a populate or
+    /// in a pin that faults pages in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_kernel_fault: Option<ContextCost>,
     /// Why a mechanism the rows use could not be measured.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub errors: Vec<String>,
@@ -193,6 +201,26 @@ pub struct ContextCost {
     pub fentry_ns: Option<f64>,
     /// A kprobe/kretprobe pair.
     pub kprobe_ns: Option<f64>,
+}
+
+impl ContextCost {
+    /// The cost of a call caught by `by`, ns.
+    pub fn of(&self, by: AttachedBy) -> Option<f64> {
+        match by {
+            AttachedBy::Fentry => self.fentry_ns,
+            AttachedBy::Kprobe => self.kprobe_ns,
+            _ => None,
+        }
+    }
+
+    /// Sets the cost of a call caught by `by` (a row mechanism; others are ignored).
+    pub fn set(&mut self, by: AttachedBy, ns: Option<f64>) {
+        match by {
+            AttachedBy::Fentry => self.fentry_ns = ns,
+            AttachedBy::Kprobe => self.kprobe_ns = ns,
+            _ => {}
+        }
+    }
 }
 
 impl ProbeCost {
@@ -210,6 +238,15 @@ impl ProbeCost {
             fentry: with(self.fentry, ctx.fentry_ns),
             kprobe: with(self.kprobe, ctx.kprobe_ns),
             ..self.clone()
+        }
+    }
+
+    /// Sets the cost of a call caught by `by` (a row mechanism; others are ignored).
+    pub fn set(&mut self, by: AttachedBy, cost: Option<CallCost>) {
+        match by {
+            AttachedBy::Fentry => self.fentry = cost,
+            AttachedBy::Kprobe => self.kprobe = cost,
+            _ => {}
         }
     }
 
@@ -236,10 +273,11 @@ pub struct CallCost {
 impl CallCost {
     /// This cost measured in a syscall loop, charged between it and `in_fault` ns a hit where
     /// that was measured too: their geometric mean (over- and underestimates by the same
-    /// factor, whichever context a phase's hits resemble more).
+    /// factor, whichever context a phase's hits resemble more). A fault leaves the probe no
+    /// warmer than the loop does, so an `in_fault` below the loop's cost counts as the loop's.
     pub fn between(self, in_fault: Option<f64>) -> CallCost {
         CallCost {
-            ns: in_fault.map_or(self.ns, |f| (f * self.ns).sqrt()),
+            ns: in_fault.map_or(self.ns, |f| (f.max(self.ns) * self.ns).sqrt()),
             ..self
         }
     }
@@ -423,6 +461,8 @@ mod tests {
         assert!((charged.ns - 948.7).abs() < 0.1, "{charged:?}");
         assert_eq!(charged.own_share, 0.5, "the share inside the call is the loop's");
         assert_eq!(looped.between(None), looped);
+        // Faults read cheaper than the loop: the machine's pace, and the loop's cost stands.
+        assert_eq!(looped.between(Some(352.0)), looped);
         let cost = ProbeCost {
             fentry: Some(charged),
             kprobe: Some(looped),

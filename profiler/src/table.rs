@@ -246,7 +246,7 @@ fn pass_probe_cost(case: &CaseReport) -> String {
             };
             let range = c.calibrated_range_ns.map_or(String::new(), |(low, high)| {
                 format!(
-                    " ({}-{} by a syscall loop's and page faults' cost per hit)",
+                    " ({}-{} by a syscall loop's, user faults' and kernel faults' cost per hit)",
                     ms(low),
                     ms(high)
                 )
@@ -730,8 +730,8 @@ mod tests {
         );
         assert_eq!(
             pass_probe_cost(&r.cases[0]),
-            "  probe cost over 7 exact iterations: map 139 ms calibrated (110-174 by a syscall loop's and \
-             page faults' cost per hit), 186 +- 15.70 ms measured (163183 hits, 0.75x)\n"
+            "  probe cost over 7 exact iterations: map 139 ms calibrated (110-174 by a syscall loop's, \
+             user faults' and kernel faults' cost per hit), 186 +- 15.70 ms measured (163183 hits, 0.75x)\n"
         );
     }
 
