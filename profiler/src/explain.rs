@@ -424,6 +424,12 @@ fn demand_faults_in_map(report: &Report, case: &CaseReport) -> Option<Fired> {
     })
 }
 
+/// What the small-IOMMU-pages rules say: the bytes an iommu_map call covers on average, which
+/// is a page only where every run is one page (a 4 KiB buffer's runs are often a little longer).
+fn programmed_at(per_call: u64) -> String {
+    format!("the IOMMU is programmed {per_call} bytes at a time")
+}
+
 fn small_iommu_pages(report: &Report, case: &CaseReport) -> Option<Fired> {
     let map = phase(case, Phase::Map)?;
     let (calls, bytes) = row(map, "iommu_map_nosync").or_else(|| row(map, "iommu_map"))?;
@@ -451,7 +457,7 @@ fn small_iommu_pages(report: &Report, case: &CaseReport) -> Option<Fired> {
     Some(Fired {
         phase: Phase::Map,
         ns,
-        what: format!("the IOMMU is programmed one {per_call}-byte page at a time"),
+        what: programmed_at(per_call),
         why: if compat {
             "iommufd's type1 compatibility (VFIO_TYPE1_IOMMU) disables large IOMMU pages, so every 4 KiB page \
              is its own iommu_map call"
@@ -1045,7 +1051,7 @@ fn recorded_small_iommu_pages(r: &RecordReport, k: &KindSummary) -> Option<Fired
     Some(Fired {
         phase: Phase::Map,
         ns,
-        what: format!("the IOMMU is programmed {per_call} bytes at a time"),
+        what: programmed_at(per_call),
         why: "the pinned pages are not physically contiguous (4 KiB pages), or the container disables large \
               IOMMU pages (VFIO_TYPE1_IOMMU on iommufd), so every page is its own iommu_map call"
             .into(),
