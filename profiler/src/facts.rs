@@ -162,7 +162,7 @@ pub struct KernelFeature {
     pub id: FeatureId,
     /// Whether the kernel shows it (None: /proc/kallsyms unreadable).
     pub present: Option<bool>,
-    /// The symbol test used.
+    /// What the symbol test saw: each symbol it looks for, present or absent.
     pub evidence: String,
     /// First mainline release and the commit (backports can bring it earlier).
     pub since: String,

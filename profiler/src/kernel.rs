@@ -114,13 +114,24 @@ pub const KERNEL_FEATURES: &[FeatureRule] = &[
 impl FeatureRule {
     /// This rule judged by `has` (whether the kernel has a symbol); None: unknown.
     pub fn judge(&self, has: Option<&dyn Fn(&str) -> bool>) -> KernelFeature {
-        let evidence = self
+        let symbols = self
             .with
             .iter()
-            .map(|s| format!("{s} present"))
-            .chain(self.without.iter().map(|s| format!("{s} absent")))
-            .collect::<Vec<_>>()
-            .join(", ");
+            .map(|s| (s, true))
+            .chain(self.without.iter().map(|s| (s, false)));
+        let said = |present: bool| if present { "present" } else { "absent" };
+        // What was seen, symbol by symbol: "present: no" beside "iommufd_ioas_map present"
+        // would read as a contradiction.
+        let evidence = match has {
+            Some(has) => symbols
+                .map(|(s, _)| format!("{s} {}", said(has(s))))
+                .collect::<Vec<_>>()
+                .join(", "),
+            None => {
+                let wanted: Vec<String> = symbols.map(|(s, want)| format!("{s} {}", said(want))).collect();
+                format!("/proc/kallsyms unreadable; the test wants {}", wanted.join(", "))
+            }
+        };
         KernelFeature {
             id: self.id,
             present: has.map(|has| self.with.iter().all(|s| has(s)) && !self.without.iter().any(|s| has(s))),
@@ -178,6 +189,16 @@ mod tests {
         assert_eq!(get(FeatureId::FolioZeroUser), Some(true));
         assert_eq!(get(FeatureId::MemfdPinFolios), Some(true));
         assert_eq!(get(FeatureId::Iommufd), Some(false));
+        let evidence = |id: FeatureId| f.iter().find(|x| x.id == id).unwrap().evidence.clone();
+        assert_eq!(evidence(FeatureId::Iommufd), "iommufd_ioas_map absent");
+        assert_eq!(
+            evidence(FeatureId::FolioZeroUser),
+            "folio_zero_user present, clear_huge_page absent"
+        );
+        assert_eq!(
+            evidence(FeatureId::IommuMapBatchedSync),
+            "iommu_map_nosync absent, iommu_sync_map absent"
+        );
         let both = |n: &str| ["folio_zero_user", "clear_huge_page"].contains(&n);
         let f = features_from(Some(&both));
         assert_eq!(
@@ -185,6 +206,11 @@ mod tests {
             Some(false)
         );
         assert!(features_from(None).iter().all(|x| x.present.is_none()));
+        let unknown = features_from(None);
+        assert_eq!(
+            unknown[0].evidence,
+            "/proc/kallsyms unreadable; the test wants iommufd_ioas_map present"
+        );
     }
 
     #[test]
