@@ -352,7 +352,21 @@ pub struct SampleKey {
     /// Kernel stack id in the stack map, or negative when the sample had no kernel stack
     /// (taken in user mode).
     pub kernel_stack: i32,
+    /// What the interrupted instruction was doing, where the stack cannot tell: [`LEAF_CODE`]
+    /// or [`LEAF_PAGE_CLEAR`].
+    pub leaf: u32,
+    /// Reserved; keeps the struct 8-byte sized.
+    pub _reserved: u32,
 }
+
+/// [`SampleKey::leaf`]: nothing known beyond the stack.
+pub const LEAF_CODE: u32 = 0;
+
+/// [`SampleKey::leaf`]: the sample interrupted a `rep stos` storing zeroes up to a page
+/// boundary, a page clear. A kernel that inlines its page clear (x86 `clear_pages()` since
+/// 6.19) zeroes a page inside the function that asked for it, so its stacks end in that
+/// function, not in a `clear_page*` one.
+pub const LEAF_PAGE_CLEAR: u32 = 1;
 
 #[cfg(feature = "user")]
 mod pod {

@@ -10,7 +10,7 @@
 
 use aya_ebpf::{
     EbpfContext,
-    bindings::{BPF_NOEXIST, pt_regs},
+    bindings::{BPF_NOEXIST, bpf_perf_event_data, pt_regs},
     helpers::generated::{bpf_get_current_task, bpf_get_func_arg},
     helpers::{bpf_get_current_pid_tgid, bpf_get_func_ip, bpf_ktime_get_ns},
     helpers::{bpf_probe_read_kernel, bpf_probe_read_user},
@@ -23,10 +23,10 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::warn;
 use profiler_ebpf::{
-    CALLS_RING_BYTES, Control, DmaCall, Frame, IGNORED_SYSCALLS, MAX_CALL_DEPTH, MAX_CATEGORIES, MAX_PHASES,
-    MAX_RECORD_IOCTLS, MAX_ROWS, MAX_THREAD_CALLS, MAX_WATCHED, OffCpu, PAGE_ORDERS, PhaseCounters, RecordIoctl,
-    RecordSyscalls, RowConfig, RowStats, SAMPLE_MAP_ENTRIES, STACK_MAP_ENTRIES, SampleKey, SyscallEntry, ThreadCall,
-    Watch,
+    CALLS_RING_BYTES, Control, DmaCall, Frame, IGNORED_SYSCALLS, LEAF_CODE, LEAF_PAGE_CLEAR, MAX_CALL_DEPTH,
+    MAX_CATEGORIES, MAX_PHASES, MAX_RECORD_IOCTLS, MAX_ROWS, MAX_THREAD_CALLS, MAX_WATCHED, OffCpu, PAGE_ORDERS,
+    PhaseCounters, RecordIoctl, RecordSyscalls, RowConfig, RowStats, SAMPLE_MAP_ENTRIES, STACK_MAP_ENTRIES, SampleKey,
+    SyscallEntry, ThreadCall, Watch,
 };
 
 /// The workload thread's id; set by user space at load time.
@@ -152,7 +152,13 @@ pub fn sample_stack(ctx: PerfEventContext) -> u32 {
     // user stack is taken: walking it costs as much as the kernel one and the workload's user
     // side is one loop; a sample without a kernel stack is user time, which is all we need.
     let kernel_stack = ctx.get_stackid(&STACKS, 0).map_or(-1, |id| id as i32);
-    let key = SampleKey { phase, kernel_stack };
+    let leaf = if kernel_stack >= 0 { leaf_of(&ctx) } else { LEAF_CODE };
+    let key = SampleKey {
+        phase,
+        kernel_stack,
+        leaf,
+        _reserved: 0,
+    };
     match SAMPLES.get_ptr_mut(key) {
         Some(count) => {
             // SAFETY: valid map value pointer for the duration of the program.
@@ -171,6 +177,49 @@ pub fn sample_stack(ctx: PerfEventContext) -> u32 {
     c.sampler_ns += unsafe { bpf_ktime_get_ns() }.saturating_sub(started);
     0
 }
+
+/// [`LEAF_PAGE_CLEAR`] when the interrupted kernel instruction is a `rep stos` (byte, dword
+/// or qword) storing zeroes up to a page boundary, else [`LEAF_CODE`]. A string instruction
+/// is interrupted at itself with its count partly done, so the sample's ip points at it and
+/// rdi + rcx x width is where the store ends: a page clear ends on a page boundary, a struct's
+/// memset (`folio_batch` reinitialised in munmap's zap) almost never does.
+#[inline(always)]
+fn leaf_of(ctx: &PerfEventContext) -> u32 {
+    let data = ctx.as_ptr() as *const bpf_perf_event_data;
+    // SAFETY: the perf_event context is a bpf_perf_event_data; each read is one constant-offset
+    // context load of its saved registers.
+    let (ip, ax, cx, di, cs) = unsafe {
+        (
+            core::ptr::read_volatile(&(*data).regs.rip),
+            core::ptr::read_volatile(&(*data).regs.rax),
+            core::ptr::read_volatile(&(*data).regs.rcx),
+            core::ptr::read_volatile(&(*data).regs.rdi),
+            core::ptr::read_volatile(&(*data).regs.cs),
+        )
+    };
+    if cs & 3 != 0 {
+        return LEAF_CODE;
+    }
+    // SAFETY: bpf_probe_read_kernel checks the address and fails cleanly.
+    let Ok(op) = (unsafe { bpf_probe_read_kernel(ip as *const [u8; 3]) }) else {
+        return LEAF_CODE;
+    };
+    let (width, zero) = match op {
+        [0xf3, 0xaa, _] => (1, ax & 0xff == 0),
+        [0xf3, 0xab, _] => (4, ax & 0xffff_ffff == 0),
+        [0xf3, rex, 0xab] if rex & 0xf8 == 0x48 => (8, ax == 0),
+        _ => return LEAF_CODE,
+    };
+    let end = di.wrapping_add(cx.wrapping_mul(width));
+    if zero && end & (PAGE_BYTES - 1) == 0 {
+        LEAF_PAGE_CLEAR
+    } else {
+        LEAF_CODE
+    }
+}
+
+/// The base page size, whose boundary a page clear ends on.
+const PAGE_BYTES: u64 = 4096;
 
 /// Whether the current thread is watched: the workload thread, or (`record`) any thread of a
 /// watched process.

@@ -359,8 +359,8 @@ impl Demotion {
 }
 
 /// The sampled categories of the stacks each row owns (is the innermost attached row of),
-/// per phase, for the owners with a demoted row's frame under them or that lost probed callees
-/// to demotion ([`Demotion::lost_callees`]); `None` owns the kernel
+/// per phase, for the owners with a demoted row's frame or unprobed zeroing under them or that
+/// lost probed callees to demotion ([`Demotion::lost_callees`]); `None` owns the kernel
 /// stacks no attached row is on. They split the exclusive time the demoted rows' time is in.
 /// In a phase without a syscall (touch) `None` always owns its stacks, user samples too: they
 /// split its wall time outside the rows (the faults' entry and exit, and the loop's own user
@@ -377,8 +377,7 @@ fn owners(input: &CaseInput, stacks: &[Stack]) -> Owners {
     };
     for s in stacks {
         let (phase, names) = (s.phase, &s.names);
-        // Without a demoted row a syscall phase keeps no owner (see the retain below).
-        if (phase.is_syscall() && demoted.demoted.is_empty()) || cut_short(names) {
+        if cut_short(names) {
             continue;
         }
         if names.is_empty() {
@@ -411,7 +410,11 @@ fn owners(input: &CaseInput, stacks: &[Stack]) -> Owners {
             .entry(owner)
             .or_default()
             .add(cat, s.count);
-        if inner.iter().any(|n| row_of(n).is_some_and(|r| demoted.has(r))) {
+        // Zeroing wins wherever it sits: an owner whose time holds zeroing no row of its own
+        // times (a page clear inlined into a fault, or one too cheap per call to probe) is
+        // split by its stacks, as one that holds a demoted row's time is.
+        let unprobed_zeroing = cat == Category::Zeroing && owner.is_none_or(|r| PROBE_TABLE[r].category() != cat);
+        if unprobed_zeroing || inner.iter().any(|n| row_of(n).is_some_and(|r| demoted.has(r))) {
             seen.entry(phase).or_default().insert(owner);
         }
     }
@@ -506,11 +509,7 @@ fn resolve_stacks(samples: &[RawSample], symbols: Option<&KernelSymbols>) -> Vec
         .filter_map(|s| {
             Some(Stack {
                 phase: phase_of_slot(s.slot)?,
-                names: s
-                    .kernel
-                    .iter()
-                    .map(|ip| symbols.map_or_else(|| format!("0x{ip:x}"), |sy| sy.resolve(*ip)))
-                    .collect(),
+                names: crate::symbols::sample_frames(&s.kernel, s.page_clear, symbols),
                 count: s.count,
             })
         })
@@ -1595,6 +1594,7 @@ mod tests {
         let sample = |kernel: Vec<u64>, count| RawSample {
             slot: slot(1, Phase::Map),
             kernel,
+            page_clear: false,
             count,
         };
         Drained {
@@ -2176,6 +2176,7 @@ mod tests {
         let sample = |kernel: Vec<u64>, count| RawSample {
             slot: sampled,
             kernel,
+            page_clear: false,
             count,
         };
         let mut drained = Drained {
@@ -2190,6 +2191,7 @@ mod tests {
         let symbols = KernelSymbols::from_pairs(vec![
             (0x1000, "handle_mm_fault".into()),
             (0x2000, "exc_page_fault".into()),
+            (0x3000, "shmem_get_folio_gfp".into()),
         ]);
         let coverage = exact_and_samples();
         let rows = [(row("handle_mm_fault"), AttachedBy::Fentry)];
@@ -2220,6 +2222,16 @@ mod tests {
         assert_eq!(e.categories[&Category::Other], 0);
         assert_eq!(e.split_ns, 3_000_000);
         assert_eq!(e.unattributed_ns, 1_000_000, "the user-space part");
+        // A page cleared inline in the fault (two samples on its rep stos) is zeroing inside
+        // handle_mm_fault's own time, which its stacks then split 6:2.
+        drained.samples.push(RawSample {
+            page_clear: true,
+            ..sample(vec![0x3010, 0x1010, 0x2010], 2)
+        });
+        let e = exact(&drained);
+        assert_eq!(e.categories[&Category::Zeroing], 1_500_000, "{e:?}");
+        assert_eq!(e.categories[&Category::Faulting], 4_500_000 + 3_000_000);
+        assert_eq!(e.split_ns, 9_000_000);
         drained.samples.clear();
         let e = exact(&drained);
         assert_eq!(e.categories[&Category::Faulting], 6_000_000);
@@ -2256,11 +2268,13 @@ mod tests {
                 RawSample {
                     slot: sampled,
                     kernel: vec![0x2010, 0x1010],
+                    page_clear: false,
                     count: 3,
                 },
                 RawSample {
                     slot: sampled,
                     kernel: vec![0x1020],
+                    page_clear: false,
                     count: 1,
                 },
             ],

@@ -129,11 +129,18 @@ impl Category {
     }
 }
 
+/// The frame a sample gets on top of its stack when it interrupted a `rep stos` storing
+/// zeroes up to a page boundary: a page clear the kernel inlined (x86 `clear_pages()` since 6.19 is one instruction
+/// in the function that asked for the page, `shmem_get_folio_gfp` for a memfd) has no
+/// function of its own to be named by. Brackets, as perf's `[unknown]`: it is not a symbol.
+pub const PAGE_CLEAR_FRAME: &str = "[clear_page_inline]";
+
 /// Kernel function patterns and their category. A trailing `*` makes a prefix match. The first
 /// matching row wins, so a specific row comes before a prefix row that also matches it; between
 /// functions the stack decides (leaf-most known frame wins, then [`CONTEXT_RULES`]).
 pub const CATEGORY_RULES: &[(&str, Category)] = &[
-    // Zeroing: per-page clears and the huge-page zeroing loop.
+    // Zeroing: per-page clears and the huge-page zeroing loop, and zeroes stored inline.
+    (PAGE_CLEAR_FRAME, Category::Zeroing),
     ("clear_page*", Category::Zeroing),
     ("clear_huge_page", Category::Zeroing),
     ("folio_zero_user", Category::Zeroing),
@@ -433,6 +440,15 @@ mod tests {
         ];
         assert_eq!(classify(leaf_first), Category::IommuMap);
         assert_eq!(classify(["clear_page_erms", "handle_mm_fault"]), Category::Zeroing);
+        let inline = [
+            PAGE_CLEAR_FRAME,
+            "shmem_get_folio_gfp.isra.0",
+            "shmem_fault",
+            "handle_mm_fault",
+        ];
+        assert_eq!(classify(inline), Category::Zeroing);
+        let table_page = [PAGE_CLEAR_FRAME, "get_page_from_freelist", "iommu_alloc_pages_node_sz"];
+        assert_eq!(classify(table_page), Category::IommuMap);
     }
 
     #[test]

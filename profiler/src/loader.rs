@@ -822,6 +822,9 @@ pub struct RawSample {
     pub slot: u32,
     /// Kernel frame addresses, leaf first (empty: sample in user mode).
     pub kernel: Vec<u64>,
+    /// The sample interrupted a page clear: a `rep stos` storing zeroes up to a page boundary
+    /// (see [`crate::symbols::sample_frames`]).
+    pub page_clear: bool,
     /// Number of samples with this stack.
     pub count: u64,
 }
@@ -1063,6 +1066,7 @@ impl Probes {
             out.push(RawSample {
                 slot: key.phase,
                 kernel,
+                page_clear: key.leaf == abi::LEAF_PAGE_CLEAR,
                 count,
             });
             let _ = self.samples.remove(&key);

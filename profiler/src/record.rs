@@ -329,11 +329,7 @@ fn slot_samples(drained: &Drained, slot: u32, symbols: Option<&KernelSymbols>) -
     let mut cats = CategoryCounts::default();
     let mut folded = Folded::default();
     for s in drained.samples.iter().filter(|s| s.slot == slot) {
-        let names: Vec<String> = s
-            .kernel
-            .iter()
-            .map(|ip| symbols.map_or_else(|| format!("0x{ip:x}"), |sy| sy.resolve(*ip)))
-            .collect();
+        let names = crate::symbols::sample_frames(&s.kernel, s.page_clear, symbols);
         cats.add_stack(&names, s.count);
         let user = names.is_empty().then(|| "[user]".to_owned());
         folded.add(user.into_iter().chain(names.into_iter().rev()), s.count);

@@ -3,7 +3,7 @@
 //! functions must never name a stack frame.
 use std::collections::BTreeMap;
 
-use crate::category::function_name;
+use crate::category::{Category, PAGE_CLEAR_FRAME, category_of, function_name};
 
 /// Kernel symbols being read by [`KernelSymbols::load_in_background`].
 pub struct Pending(std::thread::JoinHandle<Option<KernelSymbols>>);
@@ -95,6 +95,25 @@ impl KernelSymbols {
     }
 }
 
+/// A sample's kernel frames named, leaf first (`symbols` None: addresses in hex), topped with
+/// [`PAGE_CLEAR_FRAME`] where it interrupted a page clear (`page_clear`) in a function that is
+/// not itself a zeroing one.
+pub fn sample_frames(kernel: &[u64], page_clear: bool, symbols: Option<&KernelSymbols>) -> Vec<String> {
+    let names: Vec<String> = kernel
+        .iter()
+        .map(|ip| symbols.map_or_else(|| format!("0x{ip:x}"), |sy| sy.resolve(*ip)))
+        .collect();
+    let inline = page_clear
+        && names
+            .first()
+            .is_some_and(|leaf| category_of(leaf) != Some(Category::Zeroing));
+    inline
+        .then(|| PAGE_CLEAR_FRAME.to_owned())
+        .into_iter()
+        .chain(names)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -138,5 +157,22 @@ ffffffffc0002000 r __ksymtab_x\t[vfio_iommu_type1]
         let s = KernelSymbols::parse("0000000000000000 T handle_mm_fault\n");
         assert!(!s.usable());
         assert_eq!(s.resolve(0x10), "0x10");
+    }
+
+    #[test]
+    fn an_inline_page_clear_tops_the_stack_unless_a_zeroing_function_holds_it() {
+        let sy = KernelSymbols::parse(KALLSYMS);
+        let named = |store| sample_frames(&[0xffff_ffff_8100_1010, 0xffff_ffff_8100_0010], store, Some(&sy));
+        assert_eq!(named(true), [PAGE_CLEAR_FRAME, "handle_mm_fault", "_stext"]);
+        assert_eq!(named(false), ["handle_mm_fault", "_stext"]);
+        let clear = KernelSymbols::parse("ffffffff81000000 T clear_page_erms\n");
+        assert_eq!(
+            sample_frames(&[0xffff_ffff_8100_0004], true, Some(&clear)),
+            ["clear_page_erms"]
+        );
+        assert_eq!(
+            sample_frames(&[0xffff_ffff_8100_1010], true, None),
+            [PAGE_CLEAR_FRAME, "0xffffffff81001010"]
+        );
     }
 }
