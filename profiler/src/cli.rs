@@ -97,7 +97,7 @@ pub enum Command {
     Record(RecordArgs),
     /// Re-render a saved report.json as tables (or JSON).
     Report {
-        /// The report.json of a run.
+        /// The report.json of a run or recording, or the directory it is in.
         report: PathBuf,
         /// Print JSON instead of the tables.
         #[arg(long, conflicts_with_all = ["ktap", "csv"])]
@@ -116,7 +116,7 @@ pub enum Command {
     /// Say what a run's numbers mean: ranked findings (what costs the time, why, the evidence,
     /// what would remove it) and the numbers to read with care.
     Explain {
-        /// The report.json of a run.
+        /// The report.json of a run or recording, or the directory it is in.
         report: PathBuf,
         /// Print JSON instead of text.
         #[arg(long)]
@@ -124,9 +124,9 @@ pub enum Command {
     },
     /// Compare two runs case by case and phase by phase, with differential flamegraphs.
     Diff {
-        /// report.json of the first run (before).
+        /// report.json of the first run (before), or the directory it is in.
         before: PathBuf,
-        /// report.json of the second run (after).
+        /// report.json of the second run (after), or the directory it is in.
         after: PathBuf,
         /// Where the differential flamegraphs go (default: dmaprof-out/diff-<timestamp>).
         #[arg(short = 'o', long = "out")]

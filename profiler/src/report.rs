@@ -920,6 +920,15 @@ pub enum ParseError {
     Shape(serde_json::Error),
 }
 
+/// A report as named on the command line: a run's or a recording's output directory stands
+/// for the report.json in it.
+pub fn locate(path: &std::path::Path) -> std::path::PathBuf {
+    match path.is_dir() {
+        true => path.join("report.json"),
+        false => path.to_owned(),
+    }
+}
+
 /// Reads and validates a saved report.json.
 pub fn read(path: &std::path::Path) -> Result<Report, ReadError> {
     let text = std::fs::read_to_string(path).map_err(|source| ReadError::Io {
@@ -1207,6 +1216,14 @@ mod tests {
         let ci = median_ci(&v).unwrap();
         assert_eq!((ci.low, ci.high), (6, 15));
         assert!(ci.level >= 0.95);
+    }
+
+    #[test]
+    fn an_output_directory_stands_for_its_report() {
+        let dir = std::env::temp_dir();
+        assert_eq!(locate(&dir), dir.join("report.json"));
+        let file = dir.join("no-such-report.json");
+        assert_eq!(locate(&file), file);
     }
 
     #[test]
