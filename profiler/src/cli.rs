@@ -342,6 +342,37 @@ fn dedup<T: PartialEq + Copy>(passes: &[T]) -> Vec<T> {
     out
 }
 
+/// The error and its causes on one line, a cause left out where the text before it already
+/// says it (a message that names its source, as `cannot read {path}: {source}` does, would
+/// print it twice).
+pub fn one_line(e: &anyhow::Error) -> String {
+    e.chain().map(ToString::to_string).fold(String::new(), |line, cause| {
+        match (line.is_empty(), line.contains(&cause)) {
+            (true, _) => cause,
+            (false, true) => line,
+            (false, false) => format!("{line}: {cause}"),
+        }
+    })
+}
+
+impl Command {
+    /// This command with each report it reads located (a run's output directory stands for
+    /// its report.json).
+    pub fn with_reports_located(mut self) -> Self {
+        match &mut self {
+            Command::Report { report: path, .. } | Command::Explain { report: path, .. } => {
+                *path = crate::report::locate(path);
+            }
+            Command::Diff { before, after, .. } => {
+                *before = crate::report::locate(before);
+                *after = crate::report::locate(after);
+            }
+            _ => {}
+        }
+        self
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -431,5 +462,15 @@ mod tests {
         };
         assert_eq!(args.options(std::time::Instant::now()).passes, vec![Pass::Untraced]);
         assert!(Cli::try_parse_from(["dmaprof", "run", "--passes", "fast"]).is_err());
+    }
+
+    #[test]
+    fn a_cause_the_message_already_names_is_not_repeated() {
+        let io = std::io::Error::from(std::io::ErrorKind::NotFound);
+        let said = io.to_string();
+        let e = anyhow::Error::new(io).context(format!("cannot read x: {said}"));
+        assert_eq!(one_line(&e), format!("cannot read x: {said}"));
+        let e = anyhow::anyhow!("inner").context("outer");
+        assert_eq!(one_line(&e), "outer: inner");
     }
 }

@@ -46,41 +46,14 @@ fn main() -> ExitCode {
             || e.downcast_ref::<report::ReadError>().is_some()
             || e.downcast_ref::<record::RecordError>()
                 .is_some_and(record::RecordError::is_usage);
-        eprintln!("dmaprof: {}", one_line(&e));
+        eprintln!("dmaprof: {}", profiler::cli::one_line(&e));
         ExitCode::from(if usage { 2 } else { 1 })
     })
 }
 
-/// The error and its causes on one line, a cause left out where the text before it already
-/// says it (a message that names its source, as `cannot read {path}: {source}` does, would
-/// print it twice).
-fn one_line(e: &anyhow::Error) -> String {
-    e.chain().map(ToString::to_string).fold(String::new(), |line, cause| {
-        match (line.is_empty(), line.contains(&cause)) {
-            (true, _) => cause,
-            (false, true) => line,
-            (false, false) => format!("{line}: {cause}"),
-        }
-    })
-}
-
-/// The command with each report it reads located (a run's output directory stands for its
-/// report.json).
-fn with_reports_located(mut command: Command) -> Command {
-    match &mut command {
-        Command::Report { report: path, .. } | Command::Explain { report: path, .. } => *path = report::locate(path),
-        Command::Diff { before, after, .. } => {
-            *before = report::locate(before);
-            *after = report::locate(after);
-        }
-        _ => {}
-    }
-    command
-}
-
 /// Runs the subcommand; its errors are mapped to exit codes by `main`.
 fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
-    match with_reports_located(command) {
+    match command.with_reports_located() {
         Command::Doctor {
             json: as_json,
             leftovers: true,
@@ -173,19 +146,4 @@ fn run_command(args: &RunArgs) -> anyhow::Result<ExitCode> {
         eprintln!("dmaprof: {note}");
     }
     Ok(ExitCode::from(outcome.exit_code()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::one_line;
-
-    #[test]
-    fn a_cause_the_message_already_names_is_not_repeated() {
-        let io = std::io::Error::from(std::io::ErrorKind::NotFound);
-        let said = io.to_string();
-        let e = anyhow::Error::new(io).context(format!("cannot read x: {said}"));
-        assert_eq!(one_line(&e), format!("cannot read x: {said}"));
-        let e = anyhow::anyhow!("inner").context("outer");
-        assert_eq!(one_line(&e), "outer: inner");
-    }
 }
