@@ -17,10 +17,10 @@ pub const MAX_ROWS: u32 = 64;
 pub const FENTRY_SLOTS: u32 = 24;
 
 /// Entries in the stack-trace map (distinct kernel stacks per case).
-pub const STACK_MAP_ENTRIES: u32 = 16_384;
+pub const STACK_MAP_ENTRIES: u32 = 65_536;
 
 /// Entries in the sample-count map (distinct (phase, kernel stack) pairs).
-pub const SAMPLE_MAP_ENTRIES: u32 = 32_768;
+pub const SAMPLE_MAP_ENTRIES: u32 = 131_072;
 
 /// Category slots of a recorded call (user space numbers its categories below this).
 pub const MAX_CATEGORIES: usize = 16;

@@ -151,7 +151,18 @@ pub fn sample_stack(ctx: PerfEventContext) -> u32 {
     // A sample taken in user mode has no kernel stack: the helper fails and we keep -1. No
     // user stack is taken: walking it costs as much as the kernel one and the workload's user
     // side is one loop; a sample without a kernel stack is user time, which is all we need.
-    let kernel_stack = ctx.get_stackid(&STACKS, 0).map_or(-1, |id| id as i32);
+    // In kernel mode the helper fails when the stack's bucket holds another stack (the map
+    // keeps one per bucket): that sample is lost, never user time.
+    let kernel_stack = match ctx.get_stackid(&STACKS, 0) {
+        Ok(id) => id as i32,
+        Err(_) if !in_user_mode(&ctx) => {
+            c.lost_samples += 1;
+            // SAFETY: as below.
+            c.sampler_ns += unsafe { bpf_ktime_get_ns() }.saturating_sub(started);
+            return 0;
+        }
+        Err(_) => -1,
+    };
     let leaf = if kernel_stack >= 0 { leaf_of(&ctx) } else { LEAF_CODE };
     let key = SampleKey {
         phase,
@@ -176,6 +187,15 @@ pub fn sample_stack(ctx: PerfEventContext) -> u32 {
     // SAFETY: as above.
     c.sampler_ns += unsafe { bpf_ktime_get_ns() }.saturating_sub(started);
     0
+}
+
+/// Whether the sample interrupted user-mode code (the saved code segment's privilege level).
+#[inline(always)]
+fn in_user_mode(ctx: &PerfEventContext) -> bool {
+    let data = ctx.as_ptr() as *const bpf_perf_event_data;
+    // SAFETY: one constant-offset context load of the saved registers.
+    let cs = unsafe { core::ptr::read_volatile(&(*data).regs.cs) };
+    cs & 3 != 0
 }
 
 /// [`LEAF_PAGE_CLEAR`] when the interrupted kernel instruction is a `rep stos` (byte, dword
