@@ -782,6 +782,7 @@ fn boot(
         hugepages_1g: 0,
         hugepages_2m: 0,
         append: "",
+        clock: super::Clock::Real,
         timeout,
         // The console (progress lines R/T/E/F) goes to stderr: a long boot shows where it is.
         echo: true,

@@ -28,6 +28,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 use clap::Args;
+use qemu::Clock;
 
 use crate::{
     build::{build_static, build_vm_init, static_dmaprof_path},
@@ -59,6 +60,11 @@ pub struct VmArgs {
     /// 2 MiB hugepages to reserve at run time.
     #[arg(long, default_value_t = 0)]
     hugepages_2m: u32,
+    /// What the guest's clocks count: real (the host's time) or instructions (QEMU -icount:
+    /// the same work takes the same time whatever the host's load, so before/after runs and
+    /// the probe-cost estimate hold still; memory and caches cost nothing).
+    #[arg(long, value_enum, default_value_t = Clock::Real)]
+    clock: Clock,
     /// Host directory for what dmaprof wrote (default: dmaprof-out/vm-<timestamp>).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -116,6 +122,7 @@ struct Plan<'a> {
     hugepages_1g: u32,
     hugepages_2m: u32,
     append: &'a str,
+    clock: Clock,
     timeout: Duration,
     echo: bool,
     /// Host files to copy into the guest at the same path.
@@ -212,6 +219,7 @@ fn execute(plan: Plan) -> std::result::Result<qemu::Outcome, qemu::BootError> {
         smp: plan.smp,
         hugepages_1g: plan.hugepages_1g,
         append: plan.append,
+        clock: plan.clock,
         timeout: plan.timeout,
         echo: plan.echo,
         data_file: work.join("ttyS1.out"),
@@ -341,8 +349,15 @@ pub fn run(args: VmArgs) -> Result<()> {
     };
     let (overlays, host_files) = guest_tools(&payload, &cache)?;
     eprintln!(
-        "xtask: booting {} ({} RAM, {} CPUs, TCG; timeout {}s)",
-        kernel.label, mem, args.smp, args.timeout
+        "xtask: booting {} ({} RAM, {} CPUs, TCG, {} clock; timeout {}s)",
+        kernel.label,
+        mem,
+        args.smp,
+        match args.clock {
+            Clock::Real => "real",
+            Clock::Instructions => "instruction-count",
+        },
+        args.timeout
     );
     let outcome = execute(Plan {
         kernel: &kernel,
@@ -354,6 +369,7 @@ pub fn run(args: VmArgs) -> Result<()> {
         hugepages_1g: args.hugepages_1g,
         hugepages_2m: args.hugepages_2m,
         append: &args.append,
+        clock: args.clock,
         timeout: Duration::from_secs(args.timeout),
         echo: true,
         host_files,
@@ -434,6 +450,7 @@ pub fn run_default(args: Vec<String>) -> Result<()> {
         smp: 2,
         hugepages_1g: 0,
         hugepages_2m: 0,
+        clock: Clock::Real,
         out: None,
         timeout: 1800,
         guest_cmd: None,

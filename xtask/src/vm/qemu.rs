@@ -26,6 +26,31 @@ const TAIL_LINES: usize = 30;
 /// How long to keep reading after a panic/Oops line (its trace), and to wait for `poweroff -f`.
 const GRACE: Duration = Duration::from_secs(3);
 
+/// What the guest's clocks count.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Clock {
+    /// The host's time: the guest's speed moves with the host's load and the emulator's
+    /// translation work, up to 2x from one second to the next.
+    #[default]
+    Real,
+    /// Instructions executed (QEMU `-icount`): every guest instruction advances the guest's
+    /// clocks by the same step, whatever the host does, so a phase takes the same time
+    /// whenever it runs and a sampler fires every so many instructions. Caches and memory
+    /// cost nothing here, as under TCG anyway.
+    Instructions,
+}
+
+impl Clock {
+    /// The QEMU arguments that give this clock. The step is 8 ns (2^3): about the host's
+    /// emulation speed, so sleeps and timeouts keep their proportions.
+    fn qemu_args(self) -> &'static [&'static str] {
+        match self {
+            Clock::Real => &[],
+            Clock::Instructions => &["-icount", "shift=3,sleep=on"],
+        }
+    }
+}
+
 /// How to boot.
 pub struct Boot<'a> {
     pub kernel: &'a Path,
@@ -35,6 +60,7 @@ pub struct Boot<'a> {
     pub hugepages_1g: u32,
     /// Extra kernel command line.
     pub append: &'a str,
+    pub clock: Clock,
     pub timeout: Duration,
     /// Stream the console to stdout as it comes.
     pub echo: bool,
@@ -140,6 +166,7 @@ fn qemu_command(b: &Boot) -> Command {
         "qemu64,+pdpe1gb",
     ])
     .args(["-smp", &b.smp.to_string(), "-m", &format!("{}M", b.mem.mib())])
+    .args(b.clock.qemu_args())
     // Guest RAM the host has not yet backed costs a host page fault per page the first time
     // the guest touches it, a stall the guest sees as time in whatever it was running: a 64
     // MiB 4 KiB touch that landed on never-used memory took 251-260 ms against 82-106 for the

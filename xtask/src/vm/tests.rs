@@ -20,6 +20,7 @@ mod faults;
 mod ftrace_profile;
 mod record_qemu;
 mod soak;
+mod steady_clock;
 
 use super::{Payload, Plan, cache_dir, execute, kernel, qemu, transfer, unpack_archive};
 use crate::{
@@ -66,7 +67,7 @@ struct VmTest {
 }
 
 /// Every VM test, in the order they run.
-const TESTS: [VmTest; 20] = [
+const TESTS: [VmTest; 21] = [
     VmTest {
         name: "boot_custom_doctor",
         kernel: KernelName::Custom,
@@ -161,6 +162,11 @@ const TESTS: [VmTest; 20] = [
         name: "soak_nothing_grows",
         kernel: KernelName::Custom,
         run: soak::soak,
+    },
+    VmTest {
+        name: "steady_clock_probe_cost_and_samples",
+        kernel: KernelName::Custom,
+        run: steady_clock::steady_clock,
     },
     VmTest {
         name: "signals_leave_nothing_behind",
@@ -383,6 +389,7 @@ fn plan<'a>(c: &'a Ctx, with_dmaprof: bool, payload: Payload) -> Plan<'a> {
         hugepages_1g: 0,
         hugepages_2m: 0,
         append: "",
+        clock: super::Clock::Real,
         timeout: BOOT_TIMEOUT,
         echo: false,
         host_files: Vec::new(),
