@@ -1670,7 +1670,8 @@ fn probe_cost_check(r: &Value) -> Result<String, String> {
         ));
     }
     // Every context measured (a fault context may instead say why its cost was lost in the
-    // machine's pace changes), and the cost charged per call between the loop and user faults.
+    // machine's pace changes), and the cost charged per call between the loop and user faults
+    // (a fault cost below the loop's counts as the loop's: `CallCost::between`).
     let mut contexts = Vec::new();
     let errors = cost["errors"].to_string();
     for m in ["fentry", "kprobe"] {
@@ -1678,7 +1679,7 @@ fn probe_cost_check(r: &Value) -> Result<String, String> {
         let (looped, faulted, kernel) = (at("in_syscall_loop"), at("in_fault"), at("in_kernel_fault"));
         let lost = |ns: f64, what: &str| ns <= 0.0 && !errors.contains(&format!("{m} on handle_mm_fault over {what}"));
         let charged = if faulted > 0.0 {
-            (looped * faulted).sqrt()
+            (looped * faulted.max(looped)).sqrt()
         } else {
             looped
         };
