@@ -16,10 +16,11 @@ pub const MAX_ROWS: u32 = 64;
 /// fentry/fexit program pairs (`row_fentry_<i>`, `row_fexit_<i>`) for vmlinux rows.
 pub const FENTRY_SLOTS: u32 = 24;
 
-/// Entries in the stack-trace map (distinct kernel stacks per case).
-pub const STACK_MAP_ENTRIES: u32 = 65_536;
+/// Entries in the stack-trace map (distinct kernel call chains per case, the leaf
+/// instruction's address not part of them).
+pub const STACK_MAP_ENTRIES: u32 = 16_384;
 
-/// Entries in the sample-count map (distinct (phase, kernel stack) pairs).
+/// Entries in the sample-count map (distinct (phase, call chain, leaf instruction) keys).
 pub const SAMPLE_MAP_ENTRIES: u32 = 131_072;
 
 /// Category slots of a recorded call (user space numbers its categories below this).
@@ -349,14 +350,16 @@ pub struct Frame {
 pub struct SampleKey {
     /// Phase slot the sample belongs to.
     pub phase: u32,
-    /// Kernel stack id in the stack map, or negative when the sample had no kernel stack
-    /// (taken in user mode).
+    /// Kernel stack id in the stack map (the call chain above the interrupted instruction),
+    /// or negative when the sample had no kernel stack (taken in user mode).
     pub kernel_stack: i32,
     /// What the interrupted instruction was doing, where the stack cannot tell: [`LEAF_CODE`]
     /// or [`LEAF_PAGE_CLEAR`].
     pub leaf: u32,
-    /// Reserved; keeps the struct 8-byte sized.
+    /// Reserved; keeps `ip` 8-byte aligned.
     pub _reserved: u32,
+    /// The interrupted kernel instruction's address (the stack's leaf frame), 0 in user mode.
+    pub ip: u64,
 }
 
 /// [`SampleKey::leaf`]: nothing known beyond the stack.

@@ -151,11 +151,14 @@ pub fn sample_stack(ctx: PerfEventContext) -> u32 {
     // A sample taken in user mode has no kernel stack: the helper fails and we keep -1. No
     // user stack is taken: walking it costs as much as the kernel one and the workload's user
     // side is one loop; a sample without a kernel stack is user time, which is all we need.
-    // In kernel mode the helper fails when the stack's bucket holds another stack (the map
-    // keeps one per bucket): that sample is lost, never user time.
-    let kernel_stack = match ctx.get_stackid(&STACKS, 0) {
+    // The stack map keeps the call chain above the interrupted instruction (the helper skips
+    // that first frame) and the key the instruction's address: a hot loop's many addresses
+    // would each make a distinct stack, and the map keeps one stack per hash bucket, failing
+    // a stack whose bucket another holds. Such a kernel-mode sample is lost, never user time.
+    let user = in_user_mode(&ctx);
+    let kernel_stack = match ctx.get_stackid(&STACKS, STACK_SKIP_LEAF) {
         Ok(id) => id as i32,
-        Err(_) if !in_user_mode(&ctx) => {
+        Err(_) if !user => {
             c.lost_samples += 1;
             // SAFETY: as below.
             c.sampler_ns += unsafe { bpf_ktime_get_ns() }.saturating_sub(started);
@@ -163,12 +166,16 @@ pub fn sample_stack(ctx: PerfEventContext) -> u32 {
         }
         Err(_) => -1,
     };
-    let leaf = if kernel_stack >= 0 { leaf_of(&ctx) } else { LEAF_CODE };
+    let (leaf, ip) = match user {
+        true => (LEAF_CODE, 0),
+        false => (leaf_of(&ctx), saved_ip(&ctx)),
+    };
     let key = SampleKey {
         phase,
         kernel_stack,
         leaf,
         _reserved: 0,
+        ip,
     };
     match SAMPLES.get_ptr_mut(key) {
         Some(count) => {
@@ -187,6 +194,17 @@ pub fn sample_stack(ctx: PerfEventContext) -> u32 {
     // SAFETY: as above.
     c.sampler_ns += unsafe { bpf_ktime_get_ns() }.saturating_sub(started);
     0
+}
+
+/// `bpf_get_stackid` flags: skip the first frame (the interrupted instruction).
+const STACK_SKIP_LEAF: u64 = 1;
+
+/// The interrupted instruction's address.
+#[inline(always)]
+fn saved_ip(ctx: &PerfEventContext) -> u64 {
+    let data = ctx.as_ptr() as *const bpf_perf_event_data;
+    // SAFETY: one constant-offset context load of the saved registers.
+    unsafe { core::ptr::read_volatile(&(*data).regs.rip) }
 }
 
 /// Whether the sample interrupted user-mode code (the saved code segment's privilege level).

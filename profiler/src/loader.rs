@@ -1053,13 +1053,16 @@ impl Probes {
         let mut out = Vec::new();
         for key in keys {
             let Ok(count) = self.samples.get(&key, 0) else { continue };
+            // The stack map holds the call chain; the key, the interrupted instruction.
             let kernel = match u32::try_from(key.kernel_stack) {
                 Ok(id) => {
                     stack_ids.insert(id);
-                    self.stacks
+                    let chain: Vec<u64> = self
+                        .stacks
                         .get(&id, 0)
                         .map(|st| st.frames().iter().map(|f| f.ip).collect())
-                        .unwrap_or_default()
+                        .unwrap_or_default();
+                    std::iter::once(key.ip).chain(chain).collect()
                 }
                 Err(_) => Vec::new(),
             };
