@@ -20,6 +20,12 @@ pub const FENTRY_SLOTS: u32 = 24;
 /// instruction's address not part of them).
 pub const STACK_MAP_ENTRIES: u32 = 16_384;
 
+/// [`SampleKey::kernel_stack`] ids at and above this are ids in the spill stack map plus it:
+/// the kernel's stack map keeps one stack per hash bucket, and a stack whose bucket in the
+/// first map another holds goes to the same bucket of the second, which makes the two one
+/// map of two-stack buckets.
+pub const SPILLED_STACK: i32 = STACK_MAP_ENTRIES as i32;
+
 /// Entries in the sample-count map (distinct (phase, call chain, leaf instruction) keys).
 pub const SAMPLE_MAP_ENTRIES: u32 = 131_072;
 
@@ -46,10 +52,13 @@ pub mod maps {
     pub const CONTROL: &str = "CONTROL";
     /// `Array<PhaseCounters>` indexed by phase slot.
     pub const PHASE_COUNTERS: &str = "PHASE_COUNTERS";
-    /// `HashMap<SampleKey, u64>`: sampled stacks and their counts.
+    /// `HashMap<SampleKey, u64>`: sampled stacks and the sampling periods they stand for.
     pub const SAMPLES: &str = "SAMPLES";
     /// `StackTrace`: the stacks the sample keys refer to.
     pub const STACKS: &str = "STACKS";
+    /// `StackTrace`: the stacks whose bucket in [`STACKS`] another stack held
+    /// ([`super::SPILLED_STACK`]).
+    pub const SPILLED_STACKS: &str = "SPILLED_STACKS";
     /// `Array<SyscallEntry>` with one entry: the workload thread's syscall in progress.
     pub const SYSCALL_ENTER: &str = "SYSCALL_ENTER";
     /// `Array<OffCpu>` with one entry: when and how the workload thread last left the CPU.
@@ -78,6 +87,7 @@ pub mod maps {
         PHASE_COUNTERS,
         SAMPLES,
         STACKS,
+        SPILLED_STACKS,
         SYSCALL_ENTER,
         OFF_CPU,
         ROW_BY_IP,
@@ -241,9 +251,10 @@ pub struct Control {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PhaseCounters {
-    /// Stack samples taken in this phase.
+    /// Stack samples taken in this phase (each once, however many periods it stands for).
     pub samples: u64,
-    /// Samples that could not be recorded (stack map collision or sample map full).
+    /// Sampling periods whose samples could not be recorded (stack map collision or sample
+    /// map full).
     pub lost_samples: u64,
     /// `exceptions:page_fault_user` hits (CPU faults only; GUP-driven faults are not counted).
     pub user_faults: u64,
@@ -277,6 +288,12 @@ pub struct PhaseCounters {
     /// Time the sampler's program took over this phase's samples (its kernel stack walks
     /// mostly), in ns.
     pub sampler_ns: u64,
+    /// Sampling periods the timer missed with interrupts off, which the sample it took when
+    /// they came back on stands for (`samples` and the stacks' counts hold them).
+    pub late_periods: u64,
+    /// Sampling periods of kernel-mode samples whose unwinder found no caller above the
+    /// interrupted instruction: kept with the instruction alone.
+    pub no_caller: u64,
 }
 
 /// Allocation orders [`PhaseCounters::page_allocs`] tells apart (0 to 10, then 11 and above).
@@ -350,8 +367,9 @@ pub struct Frame {
 pub struct SampleKey {
     /// Phase slot the sample belongs to.
     pub phase: u32,
-    /// Kernel stack id in the stack map (the call chain above the interrupted instruction),
-    /// or negative when the sample had no kernel stack (taken in user mode).
+    /// Kernel stack id in the stack map (the call chain above the interrupted instruction;
+    /// from [`SPILLED_STACK`] up, in the spill map), [`NO_KERNEL_STACK`] for a sample taken in
+    /// user mode, or [`NO_CALLER`].
     pub kernel_stack: i32,
     /// What the interrupted instruction was doing, where the stack cannot tell: [`LEAF_CODE`]
     /// or [`LEAF_PAGE_CLEAR`].
@@ -361,6 +379,13 @@ pub struct SampleKey {
     /// The interrupted kernel instruction's address (the stack's leaf frame), 0 in user mode.
     pub ip: u64,
 }
+
+/// [`SampleKey::kernel_stack`]: the sample interrupted user mode.
+pub const NO_KERNEL_STACK: i32 = -1;
+
+/// [`SampleKey::kernel_stack`]: the kernel's unwinder found no caller above the interrupted
+/// instruction, which `ip` alone names.
+pub const NO_CALLER: i32 = -2;
 
 /// [`SampleKey::leaf`]: nothing known beyond the stack.
 pub const LEAF_CODE: u32 = 0;

@@ -10,8 +10,8 @@
 
 use aya_ebpf::{
     EbpfContext,
-    bindings::{BPF_NOEXIST, bpf_perf_event_data, pt_regs},
-    helpers::generated::{bpf_get_current_task, bpf_get_func_arg},
+    bindings::{BPF_NOEXIST, bpf_perf_event_data, bpf_perf_event_value, pt_regs},
+    helpers::generated::{bpf_get_current_task, bpf_get_func_arg, bpf_get_smp_processor_id, bpf_perf_prog_read_value},
     helpers::{bpf_get_current_pid_tgid, bpf_get_func_ip, bpf_ktime_get_ns},
     helpers::{bpf_probe_read_kernel, bpf_probe_read_user},
     macros::{fentry, fexit, kprobe, kretprobe, map, perf_event, raw_tracepoint},
@@ -24,9 +24,9 @@ use aya_ebpf::{
 use aya_log_ebpf::warn;
 use profiler_ebpf::{
     CALLS_RING_BYTES, Control, DmaCall, Frame, IGNORED_SYSCALLS, LEAF_CODE, LEAF_PAGE_CLEAR, MAX_CALL_DEPTH,
-    MAX_CATEGORIES, MAX_PHASES, MAX_RECORD_IOCTLS, MAX_ROWS, MAX_THREAD_CALLS, MAX_WATCHED, OffCpu, PAGE_ORDERS,
-    PhaseCounters, RecordIoctl, RecordSyscalls, RowConfig, RowStats, SAMPLE_MAP_ENTRIES, STACK_MAP_ENTRIES, SampleKey,
-    SyscallEntry, ThreadCall, Watch,
+    MAX_CATEGORIES, MAX_PHASES, MAX_RECORD_IOCTLS, MAX_ROWS, MAX_THREAD_CALLS, MAX_WATCHED, NO_CALLER, NO_KERNEL_STACK,
+    OffCpu, PAGE_ORDERS, PhaseCounters, RecordIoctl, RecordSyscalls, RowConfig, RowStats, SAMPLE_MAP_ENTRIES,
+    SPILLED_STACK, STACK_MAP_ENTRIES, SampleKey, SyscallEntry, ThreadCall, Watch,
 };
 
 /// The workload thread's id; set by user space at load time.
@@ -100,8 +100,16 @@ static PHASE_COUNTERS: Array<PhaseCounters> = Array::with_max_entries(MAX_PHASES
 #[map]
 static SAMPLES: HashMap<SampleKey, u64> = HashMap::with_max_entries(SAMPLE_MAP_ENTRIES, 0);
 
+/// The sampler's clock (its event's count, ns of CPU time) up to which samples have been
+/// credited, by watched thread, or by `CPU_CLOCK_KEY | cpu` where the samplers watch CPUs.
+#[map]
+static SAMPLE_CLOCKS: HashMap<u32, u64> = HashMap::with_max_entries(MAX_SAMPLE_CLOCKS, 0);
+
 #[map]
 static STACKS: StackTrace = StackTrace::with_max_entries(STACK_MAP_ENTRIES, 0);
+
+#[map]
+static SPILLED_STACKS: StackTrace = StackTrace::with_max_entries(STACK_MAP_ENTRIES, 0);
 
 #[map]
 static SYSCALL_ENTER: Array<SyscallEntry> = Array::with_max_entries(1, 0);
@@ -131,6 +139,11 @@ fn counters(phase: u32) -> Option<&'static mut PhaseCounters> {
 
 #[perf_event]
 pub fn sample_stack(ctx: PerfEventContext) -> u32 {
+    // Credited before the thread and phase checks: the clock runs between recorded samples too.
+    let periods = sample_periods(&ctx);
+    if periods == 0 {
+        return 0;
+    }
     let Some(mut phase) = recording_phase() else {
         return 0;
     };
@@ -148,23 +161,37 @@ pub fn sample_stack(ctx: PerfEventContext) -> u32 {
     // SAFETY: reading the clock has no preconditions.
     let started = unsafe { bpf_ktime_get_ns() };
     c.samples += 1;
+    c.late_periods += periods - 1;
     // A sample taken in user mode has no kernel stack: the helper fails and we keep -1. No
     // user stack is taken: walking it costs as much as the kernel one and the workload's user
     // side is one loop; a sample without a kernel stack is user time, which is all we need.
     // The stack map keeps the call chain above the interrupted instruction (the helper skips
     // that first frame) and the key the instruction's address: a hot loop's many addresses
-    // would each make a distinct stack, and the map keeps one stack per hash bucket, failing
-    // a stack whose bucket another holds. Such a kernel-mode sample is lost, never user time.
+    // would each make a distinct stack. The map keeps one stack per hash bucket and fails a
+    // stack whose bucket another holds: that one goes to the spill map's bucket, and where
+    // both are taken the kernel-mode sample is lost, never user time. Where the unwinder finds
+    // no caller above the instruction the helper fails as it does on a stack of nothing: the
+    // instruction alone is kept.
     let user = in_user_mode(&ctx);
-    let kernel_stack = match ctx.get_stackid(&STACKS, STACK_SKIP_LEAF) {
-        Ok(id) => id as i32,
-        Err(_) if !user => {
-            c.lost_samples += 1;
+    let stack = match ctx.get_stackid(&STACKS, STACK_SKIP_LEAF) {
+        Err(EEXIST) => ctx
+            .get_stackid(&SPILLED_STACKS, STACK_SKIP_LEAF)
+            .map(|id| SPILLED_STACK + id as i32),
+        other => other.map(|id| id as i32),
+    };
+    let kernel_stack = match stack {
+        Ok(id) => id,
+        Err(_) if user => NO_KERNEL_STACK,
+        Err(EFAULT) => {
+            c.no_caller += periods;
+            NO_CALLER
+        }
+        Err(_) => {
+            c.lost_samples += periods;
             // SAFETY: as below.
             c.sampler_ns += unsafe { bpf_ktime_get_ns() }.saturating_sub(started);
             return 0;
         }
-        Err(_) => -1,
     };
     let (leaf, ip) = match user {
         true => (LEAF_CODE, 0),
@@ -180,14 +207,14 @@ pub fn sample_stack(ctx: PerfEventContext) -> u32 {
     match SAMPLES.get_ptr_mut(key) {
         Some(count) => {
             // SAFETY: valid map value pointer for the duration of the program.
-            unsafe { *count += 1 };
+            unsafe { *count += periods };
         }
         None => {
-            if SAMPLES.insert(key, 1, BPF_NOEXIST as u64).is_err() {
+            if SAMPLES.insert(key, periods, BPF_NOEXIST as u64).is_err() {
                 if c.lost_samples == 0 {
                     warn!(&ctx, "sample map full in phase slot {}: samples are being lost", phase);
                 }
-                c.lost_samples += 1;
+                c.lost_samples += periods;
             }
         }
     }
@@ -195,6 +222,73 @@ pub fn sample_stack(ctx: PerfEventContext) -> u32 {
     c.sampler_ns += unsafe { bpf_ktime_get_ns() }.saturating_sub(started);
     0
 }
+
+/// How many sampling periods this sample stands for (0: none, its time was credited to the
+/// sample before). The timer cannot fire while interrupts are off (gup-fast pins tens of MiB
+/// so) and fires once when they come back on, however many periods it missed: that sample
+/// stands for all of them, read off the event's own clock. Credit moves in whole periods,
+/// rounded, so that timer jitter neither adds nor loses time.
+#[inline(always)]
+fn sample_periods(ctx: &PerfEventContext) -> u64 {
+    let mut value = bpf_perf_event_value {
+        counter: 0,
+        enabled: 0,
+        running: 0,
+    };
+    // SAFETY: the helper writes at most `size_of::<bpf_perf_event_value>()` bytes into `value`.
+    let read = unsafe {
+        bpf_perf_prog_read_value(
+            ctx.as_ptr() as *mut bpf_perf_event_data,
+            &mut value,
+            core::mem::size_of::<bpf_perf_event_value>() as u32,
+        )
+    };
+    if read != 0 {
+        return 1;
+    }
+    let key = match by_process() {
+        // SAFETY: the helper has no preconditions.
+        true => CPU_CLOCK_KEY | unsafe { bpf_get_smp_processor_id() },
+        false => bpf_get_current_pid_tgid() as u32,
+    };
+    let period = sampling_period(ctx);
+    // SAFETY: the value is copied out at once.
+    let credited = unsafe { SAMPLE_CLOCKS.get(&key) }.copied();
+    let (periods, credited) = match credited {
+        // Credit runs at most half a period ahead; further means a new event (attached again).
+        Some(c) if value.counter + period >= c => {
+            let periods = (value.counter.saturating_sub(c) + period / 2) / period;
+            (periods.min(MAX_LATE_PERIODS), c + periods * period)
+        }
+        _ => (1, value.counter),
+    };
+    let _ = SAMPLE_CLOCKS.insert(&key, &credited, 0);
+    periods
+}
+
+/// The timer's period in ns (perf never arms a software clock for less than 10 µs).
+#[inline(always)]
+fn sampling_period(ctx: &PerfEventContext) -> u64 {
+    let data = ctx.as_ptr() as *const bpf_perf_event_data;
+    // SAFETY: one constant-offset context load of the event's period.
+    let period = unsafe { core::ptr::read_volatile(&(*data).sample_period) };
+    period.max(10_000)
+}
+
+/// [`SAMPLE_CLOCKS`] key bit of a CPU's clock.
+const CPU_CLOCK_KEY: u32 = 1 << 31;
+
+/// Entries in [`SAMPLE_CLOCKS`]: the watched threads, or the CPUs.
+const MAX_SAMPLE_CLOCKS: u32 = 4096;
+
+/// Most periods one sample stands for (a second at 1 kHz): more is not a late timer.
+const MAX_LATE_PERIODS: u64 = 1000;
+
+/// `bpf_get_stackid`'s error for a call chain no longer than the frames it skips.
+const EFAULT: i32 = -14;
+
+/// `bpf_get_stackid`'s error for a stack whose hash bucket another stack holds.
+const EEXIST: i32 = -17;
 
 /// `bpf_get_stackid` flags: skip the first frame (the interrupted instruction).
 const STACK_SKIP_LEAF: u64 = 1;

@@ -1126,13 +1126,7 @@ fn phase_report(phase: Phase, input: &CaseInput, cats: &CategoryCounts, owners: 
             .then(|| Stats::of(counters.iter().map(|c| c.syscall_ns).collect())),
         kernel_share: cov.syscalls.then(|| kernel_share(&exact, &counters)).flatten(),
         gib_per_s,
-        sampled: Sampled {
-            samples: cats.total() + cats.cut,
-            cut: cats.cut,
-            lost: all_traced.iter().map(|c| c.lost_samples).sum(),
-            categories: cats.shares(),
-            ..sampled_time(phase, input)
-        },
+        sampled: sampled_report(phase, input, cats, &all_traced),
         per_page_ns: BTreeMap::new(),
         counters: Counters {
             cpu_faults: cov.cpu_faults.then(|| med(|c| c.user_faults)),
@@ -1165,9 +1159,23 @@ fn off_cpu(exact: &[(u32, &PhaseRun)], counters: &[PhaseCounters]) -> OffCpu {
     }
 }
 
-/// The sampled iterations' time off the CPU and in the sampler's program (the counts and
-/// shares left at their defaults).
-fn sampled_time(phase: Phase, input: &CaseInput) -> Sampled {
+/// The samples' shares from `cats` and their counts from the slots' `counters`.
+pub fn sampled_counts(cats: &CategoryCounts, counters: &[PhaseCounters]) -> Sampled {
+    let sum = |f: fn(&PhaseCounters) -> u64| counters.iter().map(f).sum();
+    Sampled {
+        samples: cats.total() + cats.cut,
+        cut: cats.cut,
+        lost: sum(|c| c.lost_samples),
+        late_periods: sum(|c| c.late_periods),
+        no_caller: sum(|c| c.no_caller),
+        categories: cats.shares(),
+        ..Sampled::default()
+    }
+}
+
+/// The phase's samples: shares from `cats`, counts from the traced slots' counters
+/// `all_traced`, and the sampled iterations' time off the CPU and in the sampler's program.
+fn sampled_report(phase: Phase, input: &CaseInput, cats: &CategoryCounts, all_traced: &[PhaseCounters]) -> Sampled {
     let slots: Vec<PhaseCounters> = runs_of(input.runs, Pass::Sampled, phase)
         .iter()
         .map(|(it, _)| counters_at(input.drained, slot(*it, phase)))
@@ -1178,7 +1186,7 @@ fn sampled_time(phase: Phase, input: &CaseInput) -> Sampled {
             .switches
             .then(|| slots.iter().map(|c| c.off_cpu_ns).sum()),
         sampler_ns: slots.iter().map(|c| c.sampler_ns).sum(),
-        ..Sampled::default()
+        ..sampled_counts(cats, all_traced)
     }
 }
 

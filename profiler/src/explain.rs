@@ -674,7 +674,7 @@ fn phase_checks(case: &CaseReport, p: &PhaseReport, freq_hz: u64, out: &mut Vec<
             "{} {}: the sampled pass took {} of the ~{expected} samples its time on the CPU gives at {} Hz{}",
             case.name,
             p.name.name(),
-            p.sampled.samples,
+            p.sampled.taken(),
             freq_hz,
             why_samples_short(p, freq_hz)
         ));
@@ -892,8 +892,6 @@ fn layouts_told(l: &crate::report::LayoutsApart) -> String {
     )
 }
 
-/// The category exact and sampled disagree on most, where both are there (1000 samples or
-/// more, a phase of 1 ms or more) and they differ by more than 10 points.
 /// Where the two passes timed buffers laid out alike but one of them ran 1.2x or more longer
 /// than the other against the untraced median: which pass's shares describe the untraced run.
 /// Under emulation the sampler's interrupts can slow some paths more than others (a compat
@@ -919,6 +917,8 @@ fn slowdowns_told(p: &PhaseReport) -> Option<String> {
     ))
 }
 
+/// The category exact and sampled disagree on most, where both are there (1000 samples or
+/// more, a phase of 1 ms or more) and they differ by more than 10 points.
 fn disagreement(p: &PhaseReport) -> Option<(Category, f64)> {
     if !p.exact.available || p.sampled.samples < 1000 || p.wall_ns.median < 1_000_000 {
         return None;

@@ -840,13 +840,45 @@ pub struct Drained {
     pub rows: Vec<(u32, usize, RowStats)>,
 }
 
+/// The sampler's two stack maps, one map of two-stack buckets ([`abi::SPILLED_STACK`]).
+struct Stacks {
+    first: StackTraceMap<MapData>,
+    spilled: StackTraceMap<MapData>,
+}
+
+impl Stacks {
+    /// The map and the id in it of a sample key's stack id (None: the sample has no stack).
+    fn at(&mut self, id: i32) -> Option<(&mut StackTraceMap<MapData>, u32)> {
+        match id {
+            abi::SPILLED_STACK.. => Some((&mut self.spilled, (id - abi::SPILLED_STACK) as u32)),
+            0.. => Some((&mut self.first, id as u32)),
+            _ => None,
+        }
+    }
+
+    /// The call chain of stack `id`, innermost first (empty when it is gone).
+    fn chain(&mut self, id: i32) -> Vec<u64> {
+        self.at(id)
+            .and_then(|(map, id)| map.get(&id, 0).ok())
+            .map(|st| st.frames().iter().map(|f| f.ip).collect())
+            .unwrap_or_default()
+    }
+
+    /// Frees stack `id` for other stacks.
+    fn remove(&mut self, id: i32) {
+        if let Some((map, id)) = self.at(id) {
+            let _ = map.remove(&id);
+        }
+    }
+}
+
 /// The loaded and attached probes for one workload thread.
 pub struct Probes {
     ebpf: Ebpf,
     control: Array<MapData, Control>,
     counters: Array<MapData, PhaseCounters>,
     samples: HashMap<MapData, SampleKey, u64>,
-    stacks: StackTraceMap<MapData>,
+    stacks: Stacks,
     row_stats: Array<MapData, RowStats>,
     logger: Option<aya_log::EbpfLogger<crate::bpflog::BpfLog>>,
     hooks: Vec<Hook>,
@@ -881,7 +913,10 @@ impl Probes {
         let control = Array::try_from(take(abi::maps::CONTROL)?).map_err(map_err("CONTROL"))?;
         let counters = Array::try_from(take(abi::maps::PHASE_COUNTERS)?).map_err(map_err("PHASE_COUNTERS"))?;
         let samples = HashMap::try_from(take(abi::maps::SAMPLES)?).map_err(map_err("SAMPLES"))?;
-        let stacks = StackTraceMap::try_from(take(abi::maps::STACKS)?).map_err(map_err("STACKS"))?;
+        let stacks = Stacks {
+            first: StackTraceMap::try_from(take(abi::maps::STACKS)?).map_err(map_err("STACKS"))?,
+            spilled: StackTraceMap::try_from(take(abi::maps::SPILLED_STACKS)?).map_err(map_err("SPILLED_STACKS"))?,
+        };
         let row_stats = Array::try_from(take(abi::maps::ROW_STATS)?).map_err(map_err("ROW_STATS"))?;
         Ok(Self {
             ebpf,
@@ -1053,18 +1088,15 @@ impl Probes {
         let mut out = Vec::new();
         for key in keys {
             let Ok(count) = self.samples.get(&key, 0) else { continue };
-            // The stack map holds the call chain; the key, the interrupted instruction.
-            let kernel = match u32::try_from(key.kernel_stack) {
-                Ok(id) => {
+            // The stack maps hold the call chain; the key, the interrupted instruction.
+            let kernel = match key.kernel_stack {
+                abi::NO_CALLER => vec![key.ip],
+                id if id >= 0 => {
                     stack_ids.insert(id);
-                    let chain: Vec<u64> = self
-                        .stacks
-                        .get(&id, 0)
-                        .map(|st| st.frames().iter().map(|f| f.ip).collect())
-                        .unwrap_or_default();
+                    let chain = self.stacks.chain(id);
                     std::iter::once(key.ip).chain(chain).collect()
                 }
-                Err(_) => Vec::new(),
+                _ => Vec::new(),
             };
             out.push(RawSample {
                 slot: key.phase,
@@ -1075,7 +1107,7 @@ impl Probes {
             let _ = self.samples.remove(&key);
         }
         for id in stack_ids {
-            let _ = self.stacks.remove(&id);
+            self.stacks.remove(id);
         }
         Ok(out)
     }
@@ -1197,9 +1229,7 @@ impl Probes {
         // A stack another slot's samples share stays for the next drain.
         let kept: HashSet<i32> = kept.iter().map(|k| k.kernel_stack).collect();
         for key in dropped.iter().filter(|k| !kept.contains(&k.kernel_stack)) {
-            if let Ok(id) = u32::try_from(key.kernel_stack) {
-                let _ = self.stacks.remove(&id);
-            }
+            self.stacks.remove(key.kernel_stack);
         }
         Ok(())
     }

@@ -9,7 +9,8 @@ use std::{
 use strum::IntoEnumIterator as _;
 
 use crate::{
-    abi::{self, DmaCall, RecordIoctl},
+    abi::{self, DmaCall, PhaseCounters, RecordIoctl},
+    attribution,
     category::CategoryCounts,
     dma::DmaIoctl,
     flamegraph::Folded,
@@ -334,20 +335,13 @@ fn slot_samples(drained: &Drained, slot: u32, symbols: Option<&KernelSymbols>) -
         let user = names.is_empty().then(|| "[user]".to_owned());
         folded.add(user.into_iter().chain(names.into_iter().rev()), s.count);
     }
-    let lost = drained
+    let counters: Vec<PhaseCounters> = drained
         .counters
         .iter()
         .filter(|(at, _)| *at == slot)
-        .map(|(_, c)| c.lost_samples)
-        .sum();
-    let sampled = Sampled {
-        samples: cats.total() + cats.cut,
-        cut: cats.cut,
-        lost,
-        categories: cats.shares(),
-        off_cpu_ns: None,
-        sampler_ns: 0,
-    };
+        .map(|(_, c)| *c)
+        .collect();
+    let sampled = attribution::sampled_counts(&cats, &counters);
     (sampled, folded)
 }
 

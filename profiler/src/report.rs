@@ -467,13 +467,22 @@ impl Ratio {
 /// Sampled-stack breakdown of a phase.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Sampled {
-    /// Samples taken (all iterations).
+    /// Sampling periods the samples stand for (all iterations): one each, and where the timer
+    /// fired late because interrupts were off, one per period it missed.
     pub samples: u64,
+    /// Of those, the periods the timer missed with interrupts off (gup-fast pins so), each
+    /// standing in the stack of the sample taken when interrupts came back on.
+    #[serde(default)]
+    pub late_periods: u64,
+    /// Of those, the periods of kernel-mode samples whose unwinder found no caller above the
+    /// interrupted instruction: their stacks are that instruction's function alone.
+    #[serde(default)]
+    pub no_caller: u64,
     /// Of those, samples whose kernel stack the unwinder cut at a retpoline thunk: they name
     /// no caller, and `categories` leaves them out.
     #[serde(default)]
     pub cut: u64,
-    /// Samples lost (map full, stack collisions).
+    /// Sampling periods whose samples were lost (map full, stack collisions).
     #[serde(default)]
     pub lost: u64,
     /// Share of the samples not cut per category (sums to 1 when there are any).
@@ -490,9 +499,14 @@ pub struct Sampled {
 }
 
 impl Sampled {
+    /// The samples the timer took: one per period less the periods late ones stand for.
+    pub fn taken(&self) -> u64 {
+        self.samples.saturating_sub(self.late_periods)
+    }
+
     /// What one sample's program took on average (None without samples).
     pub fn per_sample_ns(&self) -> Option<u64> {
-        (self.samples > 0).then(|| self.sampler_ns / self.samples)
+        (self.taken() > 0).then(|| self.sampler_ns / self.taken())
     }
 }
 
@@ -989,13 +1003,13 @@ pub fn expected_samples(p: &PhaseReport, freq_hz: u64) -> Option<u64> {
 /// dmaprof's program (`Sampled::sampler_ns`) does.
 pub fn sample_cost_ns(p: &PhaseReport) -> Option<u64> {
     let t = p.passes.get(&Pass::Sampled)?;
-    if p.wall_pass != Pass::Untraced || p.sampled.samples == 0 {
+    if p.wall_pass != Pass::Untraced || p.sampled.taken() == 0 {
         return None;
     }
     let sampled: u64 = t.wall_ns.runs.iter().sum();
     let untraced = p.wall_ns.median * t.wall_ns.runs.len() as u64;
     let extra = sampled.saturating_sub(untraced + p.sampled.off_cpu_ns.unwrap_or(0));
-    Some(extra / p.sampled.samples)
+    Some(extra / p.sampled.taken())
 }
 
 /// Whether samples cost about a sampling period or more each: the timer then fires at the
@@ -1152,7 +1166,7 @@ pub struct OffHeadline {
 /// Whether the sampler missed much of a phase: fewer than half the samples its wall time
 /// should have given, where that is at least 50 (fewer are too few to tell loss from chance).
 pub fn samples_short(p: &PhaseReport, freq_hz: u64) -> Option<u64> {
-    expected_samples(p, freq_hz).filter(|e| *e >= 50 && p.sampled.samples * 2 < *e)
+    expected_samples(p, freq_hz).filter(|e| *e >= 50 && p.sampled.taken() * 2 < *e)
 }
 
 #[cfg(test)]

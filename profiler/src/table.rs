@@ -540,7 +540,7 @@ fn samples_footer(report: &Report) -> String {
                 "{} {} {} of ~{e}{cost}",
                 c.name,
                 p.name.name(),
-                p.sampled.samples
+                p.sampled.taken()
             ))
         })
         .collect();
