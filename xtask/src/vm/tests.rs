@@ -631,6 +631,12 @@ fn ns(v: &Value) -> f64 {
 
 /// What an exact breakdown's shares are of (`Exact::share_base`): its wall time less the
 /// probes' cost and the time off the CPU outside syscalls.
+/// The samples a phase's sampler took (what its shares' precision rests on): the periods it
+/// reports less those its late samples stand for.
+fn samples_taken(p: &Value) -> f64 {
+    ns(&p["sampled"]["samples"]) - ns(&p["sampled"]["late_periods"])
+}
+
 fn share_base(exact: &Value) -> f64 {
     let e = exact;
     (ns(&e["wall_ns"]) - ns(&e["probe_overhead_ns"]) - ns(&e["off_cpu_outside_ns"])).max(1.0)
@@ -1042,7 +1048,7 @@ fn agreement_check(r: &Value, problems: &mut Vec<String>) -> String {
     let mut notes = Vec::new();
     for c in r["cases"].as_array().into_iter().flatten() {
         let Ok(map) = phase(c, "map") else { continue };
-        let samples = ns(&map["sampled"]["samples"]);
+        let samples = samples_taken(map);
         if samples < MIN_AGREEMENT_SAMPLES || map["exact"]["available"] != true {
             continue;
         }
@@ -1225,7 +1231,7 @@ fn attribution(c: &Ctx) -> Outcome {
                 fz_mmap * 100.0
             ));
             // Exact vs sampled, map phase, where there are enough samples.
-            let samples = ns(&none["sampled"]["samples"]);
+            let samples = samples_taken(&none);
             if samples >= 1000.0 {
                 let worst = exact_vs_sampled_pp(&none);
                 notes.push(format!("exact vs sampled within {worst:.1} pp at {samples} samples"));
@@ -1644,7 +1650,7 @@ fn demotion_check(r: &Value) -> Result<String, String> {
     if ns(&e["split_ns"]) <= 0.0 {
         return Err(format!("{name}: nothing of the map was split by samples"));
     }
-    let samples = ns(&map["sampled"]["samples"]);
+    let samples = samples_taken(map);
     let worst = exact_vs_sampled_pp(map);
     let note = format!("{name} map: demoted {demoted:?}, exact vs sampled within {worst:.1} pp at {samples} samples");
     if samples >= 1000.0 && worst > 10.0 {

@@ -15,7 +15,7 @@ use serde_json::Value;
 
 use super::{
     Ctx, ESTIMATE_PHASES, KEEP_ITERATIONS, Outcome, boot_ok, case, findings, no_failed_step, ns, phase, plan,
-    read_json, scratch, share_base, shell,
+    read_json, samples_taken, scratch, share_base, shell,
 };
 use crate::vm::qemu::Clock;
 
@@ -136,7 +136,7 @@ fn samples(r: &Value, problems: &mut Vec<String>) -> Outcome {
         if lost > LOST_AT_MOST * n {
             problems.push(format!("too many samples lost: {note}"));
         }
-        if apart.is_some_and(|(pp, _)| pp > 10.0) && n >= 1000.0 {
+        if apart.is_some_and(|(pp, _)| pp > 10.0) && samples_taken(p) >= 1000.0 {
             problems.push(format!("exact and sampled apart: {note}"));
         }
         notes.push(note);
@@ -150,6 +150,7 @@ fn late_samples(r: &Value, problems: &mut Vec<String>) -> Outcome {
     let p = phase(case(r, IRQ_OFF_CASE)?, "map")?;
     let s = &p["sampled"];
     let (n, late) = (ns(&s["samples"]), ns(&s["late_periods"]));
+    let taken = samples_taken(p);
     let (pp, k) = apart_pp(p);
     let note = format!(
         "{IRQ_OFF_CASE} map: {n} sampling periods, {late} of them in late samples, \
@@ -157,8 +158,8 @@ fn late_samples(r: &Value, problems: &mut Vec<String>) -> Outcome {
         ns(&p["exact"]["categories"]["pinning"]) / share_base(&p["exact"]) * 100.0,
         ns(&s["categories"]["pinning"]) * 100.0
     );
-    if n < 1000.0 {
-        problems.push(format!("too few samples to judge: {note}"));
+    if taken < 1000.0 {
+        problems.push(format!("too few samples to judge ({taken} taken): {note}"));
     } else if late < LATE_AT_LEAST * n {
         problems.push(format!("late samples stand for too few periods: {note}"));
     } else if pp > 10.0 {
