@@ -320,18 +320,14 @@ fn leaf_of(ctx: &PerfEventContext) -> u32 {
     let data = ctx.as_ptr() as *const bpf_perf_event_data;
     // SAFETY: the perf_event context is a bpf_perf_event_data; each read is one constant-offset
     // context load of its saved registers.
-    let (ip, ax, cx, di, cs) = unsafe {
+    let (ip, ax, cx, di) = unsafe {
         (
             core::ptr::read_volatile(&(*data).regs.rip),
             core::ptr::read_volatile(&(*data).regs.rax),
             core::ptr::read_volatile(&(*data).regs.rcx),
             core::ptr::read_volatile(&(*data).regs.rdi),
-            core::ptr::read_volatile(&(*data).regs.cs),
         )
     };
-    if cs & 3 != 0 {
-        return LEAF_CODE;
-    }
     // SAFETY: bpf_probe_read_kernel checks the address and fails cleanly.
     let Ok(op) = (unsafe { bpf_probe_read_kernel(ip as *const [u8; 3]) }) else {
         return LEAF_CODE;
