@@ -253,7 +253,7 @@ fn sample_periods(ctx: &PerfEventContext) -> u64 {
     };
     let period = sampling_period(ctx);
     // SAFETY: the value is copied out at once.
-    let credited = unsafe { SAMPLE_CLOCKS.get(&key) }.copied();
+    let credited = unsafe { SAMPLE_CLOCKS.get(key) }.copied();
     let (periods, credited) = match credited {
         // Credit runs at most half a period ahead; further means a new event (attached again).
         Some(c) if value.counter + period >= c => {
@@ -262,7 +262,7 @@ fn sample_periods(ctx: &PerfEventContext) -> u64 {
         }
         _ => (1, value.counter),
     };
-    let _ = SAMPLE_CLOCKS.insert(&key, &credited, 0);
+    let _ = SAMPLE_CLOCKS.insert(key, credited, 0);
     periods
 }
 
