@@ -380,6 +380,26 @@ pub struct SampleKey {
     pub ip: u64,
 }
 
+/// Most sampling periods one sample stands for (a second at 1 kHz): more is not a late timer.
+pub const MAX_LATE_PERIODS: u64 = 1000;
+
+/// The sampling periods a sample stands for, and the clock credited up to after it, where the
+/// sampler's event clock reads `clock` (ns), samples have been credited up to `credited` (None:
+/// the first sample) and the timer's period is `period` (not 0). Credit moves in whole periods,
+/// rounded, so that a timer firing a little late or early neither adds nor loses time, and a
+/// sample just after one credited ahead stands for none (0). Credit more than a period ahead of
+/// the clock is an earlier event's (the sampler attached again): the sample starts anew.
+#[inline(always)]
+pub fn credit_periods(clock: u64, credited: Option<u64>, period: u64) -> (u64, u64) {
+    match credited {
+        Some(c) if clock + period >= c => {
+            let periods = (clock.saturating_sub(c) + period / 2) / period;
+            (periods.min(MAX_LATE_PERIODS), c + periods * period)
+        }
+        _ => (1, clock),
+    }
+}
+
 /// [`SampleKey::kernel_stack`]: the sample interrupted user mode.
 pub const NO_KERNEL_STACK: i32 = -1;
 

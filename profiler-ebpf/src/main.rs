@@ -26,7 +26,7 @@ use profiler_ebpf::{
     CALLS_RING_BYTES, Control, DmaCall, Frame, IGNORED_SYSCALLS, LEAF_CODE, LEAF_PAGE_CLEAR, MAX_CALL_DEPTH,
     MAX_CATEGORIES, MAX_PHASES, MAX_RECORD_IOCTLS, MAX_ROWS, MAX_THREAD_CALLS, MAX_WATCHED, NO_CALLER, NO_KERNEL_STACK,
     OffCpu, PAGE_ORDERS, PhaseCounters, RecordIoctl, RecordSyscalls, RowConfig, RowStats, SAMPLE_MAP_ENTRIES,
-    SPILLED_STACK, STACK_MAP_ENTRIES, SampleKey, SyscallEntry, ThreadCall, Watch,
+    SPILLED_STACK, STACK_MAP_ENTRIES, SampleKey, SyscallEntry, ThreadCall, Watch, credit_periods,
 };
 
 /// The workload thread's id; set by user space at load time.
@@ -226,8 +226,7 @@ pub fn sample_stack(ctx: PerfEventContext) -> u32 {
 /// How many sampling periods this sample stands for (0: none, its time was credited to the
 /// sample before). The timer cannot fire while interrupts are off (gup-fast pins tens of MiB
 /// so) and fires once when they come back on, however many periods it missed: that sample
-/// stands for all of them, read off the event's own clock. Credit moves in whole periods,
-/// rounded, so that timer jitter neither adds nor loses time.
+/// stands for all of them, read off the event's own clock ([`credit_periods`]).
 #[inline(always)]
 fn sample_periods(ctx: &PerfEventContext) -> u64 {
     let mut value = bpf_perf_event_value {
@@ -254,14 +253,7 @@ fn sample_periods(ctx: &PerfEventContext) -> u64 {
     let period = sampling_period(ctx);
     // SAFETY: the value is copied out at once.
     let credited = unsafe { SAMPLE_CLOCKS.get(key) }.copied();
-    let (periods, credited) = match credited {
-        // Credit runs at most half a period ahead; further means a new event (attached again).
-        Some(c) if value.counter + period >= c => {
-            let periods = (value.counter.saturating_sub(c) + period / 2) / period;
-            (periods.min(MAX_LATE_PERIODS), c + periods * period)
-        }
-        _ => (1, value.counter),
-    };
+    let (periods, credited) = credit_periods(value.counter, credited, period);
     let _ = SAMPLE_CLOCKS.insert(key, credited, 0);
     periods
 }
@@ -280,9 +272,6 @@ const CPU_CLOCK_KEY: u32 = 1 << 31;
 
 /// Entries in [`SAMPLE_CLOCKS`]: the watched threads, or the CPUs.
 const MAX_SAMPLE_CLOCKS: u32 = 4096;
-
-/// Most periods one sample stands for (a second at 1 kHz): more is not a late timer.
-const MAX_LATE_PERIODS: u64 = 1000;
 
 /// `bpf_get_stackid`'s error for a call chain no longer than the frames it skips.
 const EFAULT: i32 = -14;

@@ -13,6 +13,44 @@
 /// The BPF/user ABI types, shared with the BPF programs (one definition, in profiler-ebpf).
 pub mod abi {
     pub use profiler_ebpf::*;
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        const P: u64 = 200_000;
+
+        #[test]
+        fn a_sample_stands_for_the_periods_since_the_last() {
+            // The first sample, then one on time and one 4 us late: a period each.
+            let (n, c) = credit_periods(1_000_000, None, P);
+            assert_eq!((n, c), (1, 1_000_000));
+            let (n, c) = credit_periods(1_200_000, Some(c), P);
+            assert_eq!((n, c), (1, 1_200_000));
+            let (n, c) = credit_periods(1_404_000, Some(c), P);
+            assert_eq!((n, c), (1, 1_400_000));
+            // Interrupts off for 2.6 ms: the timer fires once, late, and that sample stands for
+            // the 13 periods since the last; the next, on the grid again, for one.
+            let (n, c) = credit_periods(4_000_000, Some(c), P);
+            assert_eq!((n, c), (13, 4_000_000));
+            let (n, c) = credit_periods(4_200_000, Some(c), P);
+            assert_eq!((n, c), (1, 4_200_000));
+            // The next expiry fired 0.6 periods late: rounded to two, the credit runs ahead, and
+            // the expiry after it, on time, stands for none: two periods for two.
+            let (n, c) = credit_periods(4_520_000, Some(c), P);
+            assert_eq!((n, c), (2, 4_600_000));
+            let (n, c) = credit_periods(4_600_000, Some(c), P);
+            assert_eq!((n, c), (0, 4_600_000));
+        }
+
+        #[test]
+        fn a_new_event_starts_anew_and_a_stall_is_capped() {
+            // The sampler attached again: its clock starts near 0, far behind the credit.
+            assert_eq!(credit_periods(5_000, Some(9_000_000_000), P), (1, 5_000));
+            let (n, c) = credit_periods(P * 5000, Some(0), P);
+            assert_eq!((n, c), (MAX_LATE_PERIODS, P * 5000));
+        }
+    }
 }
 pub mod attribution;
 pub mod bpflog;
