@@ -1317,6 +1317,7 @@ mod tests {
             vec![PhaseRun {
                 phase: Phase::Mmap,
                 wall_ns: 1,
+                cpu_ns: 1,
                 minor_faults: 0,
                 major_faults: 0,
                 context_switches: 0,

@@ -27,6 +27,10 @@ pub struct PhaseRun {
     pub phase: Phase,
     /// Wall time, user-space monotonic clock.
     pub wall_ns: u64,
+    /// The thread's CPU time over the phase (`CLOCK_THREAD_CPUTIME_ID`, read just outside the
+    /// wall clock's reads): with it, the time the thread spent off the CPU is known in every
+    /// pass, probes or none.
+    pub cpu_ns: u64,
     /// Minor faults of this thread during the phase (getrusage; includes GUP-driven faults).
     pub minor_faults: u64,
     /// Major faults likewise.
@@ -37,6 +41,13 @@ pub struct PhaseRun {
     /// How many physically contiguous runs the iteration's buffer made (read before its
     /// munmap; None where its pages were not all present or frame numbers are hidden).
     pub physical_runs: Option<u64>,
+}
+
+impl PhaseRun {
+    /// The phase's wall time the thread spent off the CPU (other tasks ran, or it waited).
+    pub fn off_cpu_ns(&self) -> u64 {
+        self.wall_ns.saturating_sub(self.cpu_ns)
+    }
 }
 
 /// Why an iteration failed.
@@ -87,6 +98,14 @@ fn last_error(call: &'static str) -> WorkloadError {
 }
 
 /// This thread's minor faults, major faults and context switches so far.
+/// The calling thread's CPU time, ns.
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes into the timespec we pass; the clock id is valid on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 fn thread_usage() -> [u64; 3] {
     // SAFETY: getrusage writes into the zeroed struct we pass; RUSAGE_THREAD is valid on Linux.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
@@ -154,9 +173,11 @@ impl Iteration<'_> {
         }
         let before = thread_usage();
         self.observer.begin(phase);
+        let cpu0 = thread_cpu_ns();
         let t0 = Instant::now();
         let r = f(&mut self.buf);
         let wall_ns = t0.elapsed().as_nanos() as u64;
+        let cpu_ns = thread_cpu_ns().saturating_sub(cpu0);
         self.observer.end(phase);
         let after = thread_usage();
         r?;
@@ -164,6 +185,7 @@ impl Iteration<'_> {
         self.runs.push(PhaseRun {
             phase,
             wall_ns,
+            cpu_ns,
             minor_faults,
             major_faults,
             context_switches,
