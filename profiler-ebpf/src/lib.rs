@@ -288,8 +288,9 @@ pub struct PhaseCounters {
     /// Time the sampler's program took over this phase's samples (its kernel stack walks
     /// mostly), in ns.
     pub sampler_ns: u64,
-    /// Sampling periods the timer missed with interrupts off, which the sample it took when
-    /// they came back on stands for (`samples` and the stacks' counts hold them).
+    /// Sampling periods the timer missed (interrupts were off, or the sampler's own handling
+    /// outlasted a period), which the sample it took next stands for (`samples` and the
+    /// stacks' counts hold them).
     pub late_periods: u64,
     /// Sampling periods of kernel-mode samples whose unwinder found no caller above the
     /// interrupted instruction: kept with the instruction alone.

@@ -22,25 +22,27 @@ pub mod abi {
 
         #[test]
         fn a_sample_stands_for_the_periods_since_the_last() {
-            // The first sample, then one on time and one 4 us late: a period each.
-            let (n, c) = credit_periods(1_000_000, None, P);
-            assert_eq!((n, c), (1, 1_000_000));
-            let (n, c) = credit_periods(1_200_000, Some(c), P);
-            assert_eq!((n, c), (1, 1_200_000));
-            let (n, c) = credit_periods(1_404_000, Some(c), P);
-            assert_eq!((n, c), (1, 1_400_000));
-            // Interrupts off for 2.6 ms: the timer fires once, late, and that sample stands for
-            // the 13 periods since the last; the next, on the grid again, for one.
-            let (n, c) = credit_periods(4_000_000, Some(c), P);
-            assert_eq!((n, c), (13, 4_000_000));
-            let (n, c) = credit_periods(4_200_000, Some(c), P);
-            assert_eq!((n, c), (1, 4_200_000));
-            // The next expiry fired 0.6 periods late: rounded to two, the credit runs ahead, and
-            // the expiry after it, on time, stands for none: two periods for two.
-            let (n, c) = credit_periods(4_520_000, Some(c), P);
-            assert_eq!((n, c), (2, 4_600_000));
-            let (n, c) = credit_periods(4_600_000, Some(c), P);
-            assert_eq!((n, c), (0, 4_600_000));
+            // (the event's clock at a sample, periods it stands for, clock credited after it)
+            let samples = [
+                // The first sample, then one on time and one 4 us late: a period each.
+                (1_000_000, 1, 1_000_000),
+                (1_200_000, 1, 1_200_000),
+                (1_404_000, 1, 1_400_000),
+                // Interrupts off for 2.6 ms: the timer fires once, late, and that sample stands
+                // for the 13 periods since the last; the next, on the grid again, for one.
+                (4_000_000, 13, 4_000_000),
+                (4_200_000, 1, 4_200_000),
+                // The next expiry fired 0.6 periods late: rounded to two, the credit runs ahead,
+                // and the expiry after it, on time, stands for none: two periods for two.
+                (4_520_000, 2, 4_600_000),
+                (4_600_000, 0, 4_600_000),
+            ];
+            let mut credited = None;
+            for (clock, periods, after) in samples {
+                let (n, c) = credit_periods(clock, credited, P);
+                assert_eq!((n, c), (periods, after), "at {clock}");
+                credited = Some(c);
+            }
         }
 
         #[test]

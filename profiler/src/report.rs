@@ -470,8 +470,9 @@ pub struct Sampled {
     /// Sampling periods the samples stand for (all iterations): one each, and where the timer
     /// fired late because interrupts were off, one per period it missed.
     pub samples: u64,
-    /// Of those, the periods the timer missed with interrupts off (gup-fast pins so), each
-    /// standing in the stack of the sample taken when interrupts came back on.
+    /// Of those, the periods the timer missed, each standing in the stack of the sample it
+    /// took next: with interrupts off (gup-fast pins so) the one taken when they came back
+    /// on; where a sample's handling outlasts a period (under emulation) the next one.
     #[serde(default)]
     pub late_periods: u64,
     /// Of those, the periods of kernel-mode samples whose unwinder found no caller above the
