@@ -289,27 +289,34 @@ pub enum Becomes {
     Outer,
 }
 
+type C = Category;
+
+/// [`Becomes::Category`], short for [`CONTEXT_RULES`].
+const fn to(category: Category) -> Becomes {
+    Becomes::Category(category)
+}
+
 /// Rules that look past the leaf-most known frame: (category found, an outer frame, what the
 /// sample's category becomes). GUP under a populate call faults pages in; it pins nothing.
 /// Exact rows see no callers: [`in_phase`] makes the populate decision for them.
 pub const CONTEXT_RULES: &[(Category, &str, Becomes)] = &[
-    (Category::Pinning, "__mm_populate", Becomes::Category(Category::Faulting)),
-    (Category::Pinning, "populate_vma_page_range", Becomes::Category(Category::Faulting)),
-    (Category::Pinning, "faultin_page_range", Becomes::Category(Category::Faulting)),
+    (C::Pinning, "__mm_populate", to(C::Faulting)),
+    (C::Pinning, "populate_vma_page_range", to(C::Faulting)),
+    (C::Pinning, "faultin_page_range", to(C::Faulting)),
     // iommufd's pfn batches serve the unmap walk too.
-    (Category::Pinning, "batch_from_domain", Becomes::Category(Category::IommuLookup)),
+    (C::Pinning, "batch_from_domain", to(C::IommuLookup)),
     // Allocating and clearing the IOMMU's own page-table pages is programming the IOMMU, not
     // faulting the buffer in.
-    (Category::Zeroing, "iommu_alloc_pages_node_sz", Becomes::Category(Category::IommuMap)),
-    (Category::Faulting, "iommu_alloc_pages_node_sz", Becomes::Category(Category::IommuMap)),
-    (Category::Zeroing, "iommu_alloc_pages_node", Becomes::Category(Category::IommuMap)),
-    (Category::Faulting, "iommu_alloc_pages_node", Becomes::Category(Category::IommuMap)),
+    (C::Zeroing, "iommu_alloc_pages_node_sz", to(C::IommuMap)),
+    (C::Faulting, "iommu_alloc_pages_node_sz", to(C::IommuMap)),
+    (C::Zeroing, "iommu_alloc_pages_node", to(C::IommuMap)),
+    (C::Faulting, "iommu_alloc_pages_node", to(C::IommuMap)),
     // Folio references dropped that free nothing: memfd_pin_folios drops its lookup
     // references once it holds its pins, and an LRU batch the references it took to add
     // folios to the LRU (under a fault, a pin or munmap's drain alike). 3-7% of a memfd
     // map's samples, which exact rows count in their callers.
-    (Category::Release, "memfd_pin_folios", Becomes::Outer),
-    (Category::Release, "folio_batch_move_lru", Becomes::Outer),
+    (C::Release, "memfd_pin_folios", Becomes::Outer),
+    (C::Release, "folio_batch_move_lru", Becomes::Outer),
 ];
 
 /// The category of exact time a probe row measured, in its phase: rows know their function
@@ -644,11 +651,17 @@ mod tests {
     fn an_lru_batch_dropping_its_references_is_its_callers_work() {
         // Lines of `map.folded` and `munmap.folded` captured in the 7.3 guest (memfd cases).
         let lru = "__folio_batch_add_and_move;folio_batch_move_lru;folios_put_refs";
-        let pin = format!("vaddr_get_pfns_[vfio_iommu_type1];pin_user_pages_remote;__gup_longterm_locked;__get_user_pages;follow_page_pte;folio_mark_accessed;{lru}");
+        let pin = format!(
+            "vaddr_get_pfns_[vfio_iommu_type1];pin_user_pages_remote;__gup_longterm_locked;__get_user_pages;follow_page_pte;folio_mark_accessed;{lru}"
+        );
         assert_eq!(classify(leaf_first(&pin)), Category::Pinning);
-        let fault = format!("pfn_reader_user_pin_[iommufd];pin_user_pages_fast;gup_fast_fallback;__gup_longterm_locked;__get_user_pages;handle_mm_fault;__handle_mm_fault;__do_fault;shmem_fault;shmem_get_folio_gfp.isra.0;shmem_alloc_and_add_folio.constprop.0;{lru}");
+        let fault = format!(
+            "pfn_reader_user_pin_[iommufd];pin_user_pages_fast;gup_fast_fallback;__gup_longterm_locked;__get_user_pages;handle_mm_fault;__handle_mm_fault;__do_fault;shmem_fault;shmem_get_folio_gfp.isra.0;shmem_alloc_and_add_folio.constprop.0;{lru}"
+        );
         assert_eq!(classify(leaf_first(&fault)), Category::Faulting);
-        let zap = format!("do_vmi_align_munmap;vms_complete_munmap_vmas;unmap_region;unmap_vmas;__zap_vma_range;folio_mark_accessed;{lru}");
+        let zap = format!(
+            "do_vmi_align_munmap;vms_complete_munmap_vmas;unmap_region;unmap_vmas;__zap_vma_range;folio_mark_accessed;{lru}"
+        );
         assert_eq!(classify(leaf_first(&zap)), Category::Release);
         assert_eq!(classify(leaf_first(lru)), Category::Other);
     }
