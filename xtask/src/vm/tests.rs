@@ -762,14 +762,12 @@ fn inline_clear_check(r: &Value) -> Result<String, String> {
     Ok(format!(", {}", notes.join(", ")))
 }
 
-/// The 4 KiB pages of the matrix's buffers (64 MiB).
-const MATRIX_PAGES: u64 = 64 << 8;
-
-/// As dmaprof's `layout::far_apart`: twice the runs, and a difference of at least one in 64 of
-/// the buffer's 4 KiB pages.
-fn far_apart(a: u64, b: u64) -> bool {
+/// As dmaprof's `layout::far_apart`: 1.3 times the runs, and a difference of at least one in 64
+/// of case `c`'s 4 KiB pages.
+fn far_apart(c: &Value, a: u64, b: u64) -> bool {
+    let pages = c["size_bytes"].as_u64().unwrap_or(0) / 4096;
     let (lo, hi) = (a.min(b), a.max(b));
-    hi >= 2 * lo.max(1) && hi - lo >= MATRIX_PAGES / 64
+    hi * 10 >= 13 * lo.max(1) && hi - lo >= pages / 64
 }
 
 /// A sampled iteration whose buffer came in a layout far from the exact iteration's ran
@@ -782,7 +780,7 @@ fn layout_rerun_check(c: &Value, name: &str, problems: &mut Vec<String>) -> usiz
     for r in &reruns {
         let (got, other) = (r["physical_runs"].as_u64(), r["other_physical_runs"].as_u64());
         let traced = r["pass"] == "sampled" || r["pass"] == "exact";
-        if !traced || !matches!((got, other), (Some(g), Some(o)) if far_apart(g, o)) {
+        if !traced || !matches!((got, other), (Some(g), Some(o)) if far_apart(c, g, o)) {
             problems.push(format!("{name}: a layout rerun of iterations not far apart: {r}"));
         }
     }
@@ -791,7 +789,7 @@ fn layout_rerun_check(c: &Value, name: &str, problems: &mut Vec<String>) -> usiz
     let exact = map["exact"]["physical_runs"].as_u64();
     let sampled = map["passes"]["sampled"]["physical_runs"]["median"].as_u64();
     if let (Some(e), Some(s)) = (exact, sampled)
-        && far_apart(e, s)
+        && far_apart(c, e, s)
         && sampled_reruns < 2
     {
         problems.push(format!(
@@ -1054,7 +1052,7 @@ fn agreement_check(r: &Value, problems: &mut Vec<String>) -> String {
         }
         let pp = exact_vs_sampled_pp(map);
         let note = format!("{} map within {pp:.1} pp at {samples} samples", c["name"]);
-        match layouts_apart(map).filter(|_| pp > 10.0) {
+        match layouts_apart(c, map).filter(|_| pp > 10.0) {
             // A call per contiguous run: the two passes timed different work.
             Some((exact, sampled)) => notes.push(format!(
                 "{note}, not held: its exact and sampled buffers came in {exact} and {sampled} runs"
@@ -1073,11 +1071,12 @@ fn agreement_check(r: &Value, problems: &mut Vec<String>) -> String {
     notes.join("; ")
 }
 
-/// The exact and sampled iterations' physical runs where one is twice the other or more.
-fn layouts_apart(p: &Value) -> Option<(u64, u64)> {
+/// The exact and sampled iterations' physical runs in case `c`'s phase `p` where they are
+/// [`far_apart`].
+fn layouts_apart(c: &Value, p: &Value) -> Option<(u64, u64)> {
     let exact = p["exact"]["physical_runs"].as_u64()?;
     let sampled = p["passes"]["sampled"]["physical_runs"]["median"].as_u64()?;
-    (exact.max(sampled) >= 2 * exact.min(sampled).max(1)).then_some((exact, sampled))
+    far_apart(c, exact, sampled).then_some((exact, sampled))
 }
 
 /// A bound on the share of a map or unmap phase the exact breakdown may leave as `other` or
